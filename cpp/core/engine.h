@@ -1,0 +1,50 @@
+// The interface every engine (cpu, metal-sim, metal) implements, and the
+// pointers a call hands it. Pointers address element [0, 0, 0, 0] of each
+// array; the strides are in FlashParams.
+#pragma once
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "flash_params.h"
+
+namespace flashattn {
+
+struct ForwardIO {
+    const float *q, *k, *v;
+    float *o, *lse;  // o: (B, Tq, H, D) contiguous; lse: (B, H, Tq) contiguous
+};
+
+struct BackwardIO {
+    const float *dout, *q, *k, *v, *o, *lse;
+    float *dq, *dk, *dv;  // contiguous, shaped like q, k, v
+};
+
+// Memory for one output array. `owner` keeps it alive; Python holds it in a
+// capsule, so an engine's buffer returns to its pool when the array dies.
+struct OutputBuffer {
+    float* data = nullptr;
+    std::shared_ptr<void> owner;
+};
+
+class Engine {
+public:
+    virtual ~Engine() = default;
+    virtual std::string name() const = 0;
+
+    // Default: 64-byte aligned host memory. Throws std::bad_alloc when it cannot.
+    virtual OutputBuffer allocate(size_t n_floats);
+
+    // Engines may assume B, H, Tq >= 1 and Tk >= 1 (run_forward/run_backward
+    // handle empty calls) and must write every output element, including the
+    // rows that see no key (o = 0, lse = -inf; zero gradients).
+    virtual void forward(const FlashParams& p, const ForwardIO& io) = 0;
+    virtual void backward(const FlashParams& p, const BackwardIO& io) = 0;
+};
+
+// Runs a call on an engine, answering the degenerate shapes (nothing to
+// compute, or no keys at all) here, once for every engine.
+void run_forward(Engine& engine, const FlashParams& p, const ForwardIO& io);
+void run_backward(Engine& engine, const FlashParams& p, const BackwardIO& io);
+
+}  // namespace flashattn

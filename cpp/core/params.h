@@ -1,0 +1,37 @@
+// Validation at the boundary: turns the arrays and options of a call into a
+// checked, normalised FlashParams (shaders/flash_params.h), or throws
+// std::invalid_argument naming the argument and what was seen.
+#pragma once
+#include <optional>
+
+#include "core/tensor.h"
+#include "flash_params.h"
+
+namespace flashattn {
+
+constexpr int kMaxHeadDim = 256;
+
+struct AttentionOptions {
+    bool causal = false;
+    int64_t window_left = -1;   // -1: unbounded
+    int64_t window_right = -1;  // -1: unbounded
+    std::optional<double> scale;  // default 1/sqrt(D)
+};
+
+// q: (B, Tq, H, D); k, v: (B, Tk, Hkv, D). Fills shapes, q/k/v strides, the
+// normalised window and scale; o, dq, dk, dv strides describe contiguous outputs.
+FlashParams make_forward_params(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const AttentionOptions& options);
+
+// As above, and checks dout and o against q's shape and lse against (B, H, Tq);
+// fills their strides (lse must be contiguous).
+FlashParams make_backward_params(const TensorView& dout, const TensorView& q, const TensorView& k,
+                                 const TensorView& v, const TensorView& o, const TensorView& lse,
+                                 const AttentionOptions& options);
+
+// Element counts of the contiguous outputs.
+inline int64_t q_elements(const FlashParams& p) { return int64_t(p.B) * p.Tq * p.H * p.D; }
+inline int64_t kv_elements(const FlashParams& p) { return int64_t(p.B) * p.Tk * p.Hkv * p.D; }
+inline int64_t lse_elements(const FlashParams& p) { return int64_t(p.B) * p.H * p.Tq; }
+
+}  // namespace flashattn

@@ -1,0 +1,59 @@
+// The parameters of one attention call, shared byte for byte by the Metal
+// kernels (MSL) and the C++ core, plus the masking rule both sides apply.
+#pragma once
+
+#ifdef __METAL_VERSION__
+typedef int fa_int;
+typedef long fa_long;
+#define FA_INLINE inline
+#else
+#include <cstdint>
+typedef int32_t fa_int;
+typedef int64_t fa_long;
+#define FA_INLINE inline
+#endif
+
+// Element strides of a (B, T, heads, D) tensor. The D axis always has stride 1.
+struct FlashStrides {
+    fa_long b, t, h;
+};
+
+// Everything a kernel needs to know about a call. Built and validated once by
+// flashattn::make_params (cpp/core/params.cpp); kernels trust it.
+//
+// Masking is normalised into the window: query row i sits at key position
+// p = i + Tk - Tq (bottom-right alignment) and sees keys j with
+// p - window_left <= j <= p + window_right. Unbounded sides are stored as
+// Tk (left) and Tq (right), which reach past every key; causal caps right at 0.
+struct FlashParams {
+    fa_int B, Tq, Tk, H, Hkv, D;
+    fa_int group;        // H / Hkv: query heads that share one kv head
+    fa_int window_left;  // >= 0
+    fa_int window_right; // >= 0
+    float scale;         // multiplies q.k before the softmax
+    FlashStrides q, k, v, o, dout, dq, dk, dv;
+};
+
+#ifndef __METAL_VERSION__
+static_assert(sizeof(FlashStrides) == 24, "FlashStrides layout must match MSL");
+static_assert(sizeof(FlashParams) == 232, "FlashParams layout must match MSL");
+#endif
+
+// Keys [fa_key_begin, fa_key_end) are visible to query row i; empty when begin >= end.
+FA_INLINE fa_long fa_key_begin(fa_long i, fa_int Tq, fa_int Tk, fa_int left) {
+    const fa_long first = i + Tk - Tq - left;
+    return first > 0 ? first : 0;
+}
+FA_INLINE fa_long fa_key_end(fa_long i, fa_int Tq, fa_int Tk, fa_int right) {
+    const fa_long end = i + Tk - Tq + right + 1;
+    return end < 0 ? 0 : (end > Tk ? fa_long(Tk) : end);
+}
+// Query rows [fa_query_begin, fa_query_end) see key j (the same rule, solved for i).
+FA_INLINE fa_long fa_query_begin(fa_long j, fa_int Tq, fa_int Tk, fa_int right) {
+    const fa_long first = j - right - (Tk - Tq);
+    return first > 0 ? first : 0;
+}
+FA_INLINE fa_long fa_query_end(fa_long j, fa_int Tq, fa_int Tk, fa_int left) {
+    const fa_long end = j + left - (Tk - Tq) + 1;
+    return end < 0 ? 0 : (end > Tq ? fa_long(Tq) : end);
+}
