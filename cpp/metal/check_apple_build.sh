@@ -81,16 +81,20 @@ n_shaders=$(ls "$repo"/shaders/*.metal | wc -l)
 [ "$(grep -c ' metal ' "$log")" -eq "$n_shaders" ] || fail "a shared header change did not recompile every shader"
 echo "ok: a change to shaders/flash_params.h recompiles all $n_shaders shader(s)"
 
+# Foundation re-exports CoreFoundation (where NSURL lives).
 frameworks="$sdk/System/Library/Frameworks"
+tbds=("$frameworks/Metal.framework/Metal.tbd" "$frameworks/Foundation.framework/Foundation.tbd"
+      "$frameworks/CoreFoundation.framework/CoreFoundation.tbd")
 missing=0
 while read -r sym; do
-  name=${sym#_OBJC_CLASS_\$_}
-  name=${name#_}
-  if ! grep -qw -- "$name" "$frameworks/Metal.framework/Metal.tbd" \
-                          "$frameworks/Foundation.framework/Foundation.tbd"; then
+  case "$sym" in
+    _OBJC_CLASS_\$_*) pattern="(^|[^A-Za-z0-9_])${sym#_OBJC_CLASS_\$_}([^A-Za-z0-9_]|$)" ;;  # listed by class name
+    *) pattern="(^|[^A-Za-z0-9_])${sym}([^A-Za-z0-9_]|$)" ;;                              # C symbols keep their _
+  esac
+  if ! grep -qE -- "$pattern" "${tbds[@]}"; then
     fail "symbol $sym is not exported by Metal or Foundation"; missing=1
   fi
 done < <(llvm-nm-16 -u "$build/cpp/metal/libflashattn_metal.a" | grep -E '^_(OBJC_CLASS_\$_)?(MTL|NS)' | sort -u)
-[ $missing -eq 0 ] && echo "ok: every MTL*/NS* symbol of flashattn_metal is in the SDK's Metal.tbd/Foundation.tbd"
+[ $missing -eq 0 ] && echo "ok: every MTL*/NS* symbol of flashattn_metal is exported by the SDK's Metal/Foundation .tbd"
 [ $status -eq 0 ] && echo "check_apple_build.sh: all checks passed"
 exit $status
