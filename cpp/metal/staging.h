@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "core/engine.h"
@@ -151,7 +152,7 @@ private:
 
     // `strides` (in params_) is replaced by compact strides when the input is copied.
     void input(Slot s, const float* src, const Tensor4& t, FlashStrides* strides) {
-        if (!src) throw std::runtime_error("metal: no array for input " + std::to_string(int(s)));
+        if (!src) throw std::runtime_error(std::string("metal: no array for input ") + slot_name(s));
         const int64_t span = t.span();
         if (span > 0) {
             if (auto where = pool_->find(src, size_t(span) * sizeof(float));
@@ -177,7 +178,7 @@ private:
     }
 
     void output(Slot s, float* dst, int64_t n) {
-        if (!dst) throw std::runtime_error("metal: no array for output " + std::to_string(int(s)));
+        if (!dst) throw std::runtime_error(std::string("metal: no array for output ") + slot_name(s));
         if (auto where = pool_->find(dst, size_t(n) * sizeof(float));
             where && where->offset % alignof(float) == 0) {
             bind(s, where->handle, where->offset);
