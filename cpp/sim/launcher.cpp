@@ -123,6 +123,7 @@ public:
         } catch (...) {
             // The started threads must not wait for the missing ones.
             fail("could not start " + std::to_string(threads_) + " threads");
+            stop_ = true;  // before any thread passes started_
         }
         started_.store(1, std::memory_order_release);
         started_.notify_all();
@@ -150,6 +151,9 @@ public:
         std::lock_guard<std::mutex> lock(arrays_mutex_);
         for (const auto& a : arrays_)
             if (a.first == data) return;
+        // First use in this launch: no thread of the group has written it
+        // yet (each registers before touching it), so start it as garbage.
+        std::memset(data, 0xff, bytes);
         arrays_.emplace_back(data, bytes);
         size_t total = 0;
         for (const auto& a : arrays_) total += a.second;
@@ -190,6 +194,7 @@ private:
             fail(group_name(g) + ": its threads did not all reach the same " +
                  (barrier_phase_failed_ ? "threadgroup_barrier" : "SIMD-group function") +
                  " (a barrier or SIMD-group call skipped by some threads, or reached after others returned)");
+        if (failed_.load()) stop_ = true;
         std::lock_guard<std::mutex> lock(arrays_mutex_);
         for (const auto& a : arrays_) std::memset(a.first, 0xff, a.second);
         reset_group();
@@ -210,6 +215,7 @@ private:
     std::vector<SimdGroup> simd_;
     std::atomic<int> started_{0};
     std::atomic<bool> failed_{false};
+    bool stop_ = false;  // written and read only between groups
     bool barrier_phase_failed_ = false, simd_phase_failed_ = false;  // guarded by the rendezvous
     std::mutex error_mutex_, arrays_mutex_;
     std::string error_;
@@ -231,9 +237,9 @@ void LaunchState::work(unsigned tid) {
     SimdGroup& my_simd = simd_[tid / fa_sim::kSimdWidth];
     while (started_.load(std::memory_order_acquire) == 0) started_.wait(0, std::memory_order_acquire);
     for (uint64_t g = 0; g < groups_; ++g) {
-        // failed_ only changes before the between-groups rendezvous
-        // completes, so every thread takes the same branch here.
-        if (failed_.load()) break;
+        // stop_ only changes inside the between-groups rendezvous, so every
+        // thread takes the same branch here (failed_ may change mid-group).
+        if (stop_) break;
         bi.group[0] = uint32_t(g % grid_.x);
         bi.group[1] = uint32_t(g / grid_.x % grid_.y);
         bi.group[2] = uint32_t(g / (uint64_t(grid_.x) * grid_.y));

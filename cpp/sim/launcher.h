@@ -18,7 +18,7 @@ struct Binding {
     bool is_value = false;
 };
 
-// The position builtins a kernel may take after its buffers, in this order:
+// The position builtins a kernel may take after its buffers: a prefix of
 // uint3 [[threadgroup_position_in_grid]], uint [[thread_index_in_threadgroup]],
 // uint [[thread_index_in_simdgroup]], uint [[simdgroup_index_in_threadgroup]].
 struct Builtins {

@@ -5,7 +5,8 @@
 #    address spaces, so mixing them is a compile error as with Apple's
 #    compiler; two planted mistakes prove the strict mode rejects them;
 #  - metal-sim built with ThreadSanitizer and with AddressSanitizer+UBSan,
-#    running a few cases of every kernel (label "sanitize").
+#    running test_sim_kernels (every kernel, 20 cases) and test_sim_launcher
+#    (label "sanitize").
 file(GLOB _metal_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/shaders/*.metal)
 set(_metal_includes ${PROJECT_SOURCE_DIR}/cpp/sim/shim ${PROJECT_SOURCE_DIR}/shaders ${PROJECT_SOURCE_DIR}/cpp)
 set(_metal_inc_flags)
@@ -74,13 +75,14 @@ if(NOT FLASHATTN_SANITIZE)
              COMMAND ${CMAKE_CTEST_COMMAND}
                      --build-and-test ${PROJECT_SOURCE_DIR} ${_dir}
                      --build-generator ${CMAKE_GENERATOR}
-                     --build-target test_sim_kernels
+                     --build-target flashattn_sim_tests
                      --build-noclean
                      --build-options -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_PYTHON=OFF
                                      -DFLASHATTN_NATIVE=OFF -DFLASHATTN_SANITIZE=${_flags}
                                      -DCMAKE_BUILD_TYPE=RelWithDebInfo
                                      -DCMAKE_CXX_COMPILER=${CMAKE_CXX_COMPILER}
-                     --test-command ${_dir}/tests/cpp/test_sim_kernels --quick)
+                     --test-command ${CMAKE_CTEST_COMMAND} --test-dir ${_dir}
+                                    -R "^test_sim_(kernels|launcher)$" --output-on-failure)
     set_tests_properties(sim_sanitize_${kind} PROPERTIES LABELS sanitize TIMEOUT 1200
                          ENVIRONMENT "${_env}")
   endforeach()
