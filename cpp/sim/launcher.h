@@ -45,6 +45,10 @@ const Kernel* find_kernel(const std::string& name);
 // function not called by every lane, or more than 32 KiB of threadgroup memory.
 void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 grid, Dim3 group);
 
+// "fibers" or "threads": how launches run their GPU threads (launcher.cpp).
+// Fibers on Linux unless the build has a sanitizer or FLASHATTN_SIM_THREADS=1.
+const char* execution_mode();
+
 // Runs every launch of a plan; slots[s] is the memory bound to Slot s
 // (Slot::params is taken from plan.params).
 using SlotPointers = std::array<void*, 11>;

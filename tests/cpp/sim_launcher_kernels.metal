@@ -65,3 +65,17 @@ kernel void too_much_threadgroup_memory(device float* out [[buffer(0)]],
     big[tid] = 1.0f;
     out[tid] = big[tid];
 }
+
+// Half the lanes of the first SIMD group call a SIMD-group function, the
+// other threads wait at a threadgroup barrier: each waits for the other.
+kernel void simd_against_barrier(device float* out [[buffer(0)]],
+                                 uint3 group_pos [[threadgroup_position_in_grid]],
+                                 uint tid [[thread_index_in_threadgroup]]) {
+    float x = float(tid);
+    if (tid < 16) {
+        x = simd_sum(x);
+    } else {
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+    }
+    out[tid] = x;
+}

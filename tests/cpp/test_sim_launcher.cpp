@@ -39,6 +39,7 @@ std::string launch_error(const Kernel& k, std::vector<float>& out, Dim3 grid, Di
 }  // namespace
 
 int main() {
+    std::printf("execution mode: %s\n", execution_mode());
     // SIMD-group functions, two SIMD groups per threadgroup, two groups.
     {
         const Kernel k = make_kernel("simd_functions", &simd_functions);
@@ -103,6 +104,19 @@ int main() {
                          out, Dim3{1, 1, 1}, Dim3{32, 1, 1});
         std::printf("too much threadgroup memory: %s\n", e3.c_str());
         CHECK(e3.find("36000 bytes of threadgroup memory") != std::string::npos);
+
+        // A wait that can never finish: reported in fiber mode; in thread
+        // mode the threads would block forever, so it is not run there.
+        if (std::string(execution_mode()) == "fibers") {
+            std::vector<float> wide(64, 0.0f);
+            const std::string e5 = launch_error(
+                make_kernel("simd_against_barrier", &simd_against_barrier), wide, Dim3{1, 1, 1},
+                Dim3{64, 1, 1});
+            std::printf("SIMD call against barrier: %s\n", e5.c_str());
+            CHECK(e5.find("wait for each other forever") != std::string::npos);
+        } else {
+            std::printf("threads mode: SIMD call against barrier not run (it would hang)\n");
+        }
 
         // Bindings that do not fit the kernel's parameters.
         const Kernel k = make_kernel("threadgroup_isolation", &threadgroup_isolation);
