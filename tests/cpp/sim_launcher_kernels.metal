@@ -43,6 +43,7 @@ kernel void threadgroup_isolation(device float* before [[buffer(0)]],
 kernel void divergent_barrier(device float* out [[buffer(0)]],
                               uint3 group_pos [[threadgroup_position_in_grid]],
                               uint tid [[thread_index_in_threadgroup]]) {
+    (void)group_pos;  // the launcher's binding convention needs it present
     if (tid >= 16) return;
     threadgroup_barrier(mem_flags::mem_threadgroup);
     out[tid] = 1.0f;
@@ -52,6 +53,7 @@ kernel void divergent_barrier(device float* out [[buffer(0)]],
 kernel void divergent_simd(device float* out [[buffer(0)]],
                            uint3 group_pos [[threadgroup_position_in_grid]],
                            uint tid [[thread_index_in_threadgroup]]) {
+    (void)group_pos;  // the launcher's binding convention needs it present
     float x = float(tid);
     if (tid % 2 == 1) x = simd_sum(x);
     out[tid] = x;
@@ -61,6 +63,7 @@ kernel void divergent_simd(device float* out [[buffer(0)]],
 kernel void too_much_threadgroup_memory(device float* out [[buffer(0)]],
                                         uint3 group_pos [[threadgroup_position_in_grid]],
                                         uint tid [[thread_index_in_threadgroup]]) {
+    (void)group_pos;  // the launcher's binding convention needs it present
     FA_TG_ARRAY(float, big, 9000);
     big[tid] = 1.0f;
     out[tid] = big[tid];
@@ -71,6 +74,7 @@ kernel void too_much_threadgroup_memory(device float* out [[buffer(0)]],
 kernel void simd_against_barrier(device float* out [[buffer(0)]],
                                  uint3 group_pos [[threadgroup_position_in_grid]],
                                  uint tid [[thread_index_in_threadgroup]]) {
+    (void)group_pos;  // the launcher's binding convention needs it present
     float x = float(tid);
     if (tid < 16) {
         x = simd_sum(x);
