@@ -9,6 +9,7 @@ import numbers
 import numpy as np
 
 from . import _core
+from .memory import _contiguous_copy
 
 __all__ = ["attention", "attention_backward", "backends", "set_num_threads", "get_num_threads"]
 
@@ -56,7 +57,7 @@ def _input(fn: str, name: str, x) -> np.ndarray:
         and all(s % 4 == 0 for s in x.strides)
         and (x.ndim == 0 or x.shape[-1] <= 1 or x.strides[-1] == 4)
     )
-    return x if in_place else np.ascontiguousarray(x)
+    return x if in_place else _contiguous_copy(x)
 
 
 _UNBOUNDED_SIDE = 2**62
@@ -144,7 +145,8 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, window=(-1, -1), sc
     fn = "attention_backward"
     arrays = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse}
     do, q, k, v, o, lse = (_input(fn, name, x) for name, x in arrays.items())
-    lse = np.ascontiguousarray(lse)  # (B, H, Tq): O(B·H·T) at most
+    if not lse.flags.c_contiguous:
+        lse = _contiguous_copy(lse)  # (B, H, Tq): O(B·H·T) at most
     left, right = _window(fn, window)
     return _core.backward(do, q, k, v, o, lse, bool(causal), left, right, _scale(fn, scale),
                           _backend(fn, backend))

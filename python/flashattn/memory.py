@@ -61,6 +61,9 @@ def _byte_bounds(x: np.ndarray) -> tuple[int, int]:
 
 
 def _in_pool(x: np.ndarray) -> bool:
+    """Whether all of x lies in one metal pool buffer handed out (never without metal)."""
+    if not _metal():
+        return False
     low, high = _byte_bounds(x)
     return high > low and bool(_core._metal_owns(low, high - low))
 
@@ -102,6 +105,15 @@ def asarray(x, dtype=None) -> np.ndarray:
     src = np.asarray(x, dtype=dtype)
     out = empty(src.shape, src.dtype)
     np.copyto(out, src)
+    return out
+
+
+def _contiguous_copy(x: np.ndarray) -> np.ndarray:
+    """A C-contiguous copy of x, for an input the engines cannot read in place:
+    in a pool buffer when the metal engine exists (which then reads it in
+    place: one copy in all), else in ordinary memory."""
+    out = empty(x.shape, x.dtype)
+    np.copyto(out, x)
     return out
 
 

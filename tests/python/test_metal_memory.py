@@ -170,6 +170,26 @@ def test_host_inputs_cost_one_copy_each_and_outputs_are_pool_buffers():
 
 @pytest.mark.mac
 @needs_metal
+def test_an_input_the_engine_cannot_read_is_copied_once_into_the_pool():
+    q, k, v = _qkv(np.random.default_rng(5))
+    q_f = np.asfortranarray(q)  # last axis strided: the Python layer copies it
+    before = fa.metal_pool_stats()
+    o = fa.attention(q_f, k, v, backend="metal")
+    d = _copies(before, fa.metal_pool_stats())
+    assert d["inputs_in_place"] == 1  # q's copy was made in a pool buffer
+    assert d["input_copies"] == 2 and d["input_copy_bytes"] == k.nbytes + v.nbytes
+    np.testing.assert_allclose(o, fa.reference.attention(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+def test_contiguous_copy_is_c_ordered_and_equal():
+    x = np.asfortranarray(np.arange(24, dtype=np.float32).reshape(2, 3, 4))
+    y = memory._contiguous_copy(x)
+    assert y.flags.c_contiguous and np.array_equal(x, y) and y is not x
+    assert memory._in_pool(y) == HAVE_METAL
+
+
+@pytest.mark.mac
+@needs_metal
 def test_pool_inputs_are_read_in_place():
     rng = np.random.default_rng(2)
     B, T, H, D = 2, 45, 4, 32
