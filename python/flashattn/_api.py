@@ -84,8 +84,13 @@ def _scale(fn: str, scale) -> float | None:
 
 
 def _backend(fn: str, backend) -> str | None:
-    if backend is not None and not isinstance(backend, str):
+    if backend is None:
+        return None
+    if not isinstance(backend, str):
         raise TypeError(f"{fn}: backend must be a str or None, got {type(backend).__name__}")
+    available = backends()
+    if backend not in available:
+        raise ValueError(f"{fn}: unknown backend {backend!r}; available here: {available}")
     return backend
 
 
