@@ -34,7 +34,8 @@ FLOOR = 1e-6
 SIMULATED = {"metal-sim"}
 SIM_BUDGET = 12_000_000
 
-# Worst ratio seen, error / max(baseline error, floor), per (backend, output).
+# Worst ratio seen, error / max(baseline error, floor), per (backend, output,
+# factor the test allowed): printed at the end of the session by conftest.
 WORST: dict = defaultdict(float)
 
 
@@ -115,7 +116,7 @@ def assert_close_to_reference(got, ref64, base32, *, factor: float, backend: str
         magnitude = _max_abs(ref64[finite])
     allowed_base = max(base, FLOOR * magnitude)
     ratio = err / allowed_base if allowed_base > 0 else (0.0 if err == 0 else float("inf"))
-    key = (backend, name)
+    key = (backend, name, factor)
     WORST[key] = max(WORST[key], ratio)
     assert err <= factor * allowed_base, (
         f"{name} ({backend}): max error {err:.3e} > {factor} x {allowed_base:.3e} "
