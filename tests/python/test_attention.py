@@ -61,6 +61,27 @@ def test_default_backend_is_the_first_listed():
                                   fa.attention(q, k, v, backend=first, **case.opts()))
 
 
+def test_outputs_are_independent_arrays(backend):
+    """Each call returns fresh, writable arrays: a later call (which may reuse
+    pooled memory) never changes an earlier result, and writing to a result
+    changes nothing else."""
+    case = Case(1, 12, 12, 2, 2, 16, causal=True)
+    q, k, v, do = inputs(case, seed=12)
+    o1, lse1 = fa.attention(q, k, v, return_lse=True, backend=backend, causal=True)
+    keep = o1.copy(), lse1.copy()
+    o2, lse2 = fa.attention(2 * q, k, v, return_lse=True, backend=backend, causal=True)
+    grads = fa.attention_backward(do, q, k, v, o1, lse1, backend=backend, causal=True)
+    np.testing.assert_array_equal(o1, keep[0])
+    np.testing.assert_array_equal(lse1, keep[1])
+    outputs = [o1, lse1, o2, lse2, *grads]
+    for i, a in enumerate(outputs):
+        assert a.flags.writeable
+        for b in outputs[i + 1:]:
+            assert not np.shares_memory(a, b)
+    o1[...] = 7
+    np.testing.assert_array_equal(o2, fa.attention(2 * q, k, v, backend=backend, causal=True))
+
+
 # ------------------------------------------------------------- memory layouts
 
 def _peak_traced_bytes(fn):
