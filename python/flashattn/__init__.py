@@ -17,6 +17,7 @@ from ._api import (
     get_num_threads,
     set_num_threads,
 )
+from .memory import asarray, clear_cache, empty, metal_pool_stats, set_cache_limit
 
 __version__ = "0.1.0"
 
@@ -27,5 +28,10 @@ __all__ = [
     "reference",
     "set_num_threads",
     "get_num_threads",
+    "empty",
+    "asarray",
+    "metal_pool_stats",
+    "clear_cache",
+    "set_cache_limit",
     "__version__",
 ]

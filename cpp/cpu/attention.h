@@ -1,0 +1,12 @@
+// The cpu engine's two entry points, one per direction; cpu_engine.cpp wraps
+// them as an Engine. Both trust a FlashParams from make_*_params and assume
+// B, H, Tq, Tk >= 1 (run_forward/run_backward answer the empty calls).
+#pragma once
+#include "core/engine.h"
+
+namespace flashattn::cpu {
+
+void attention_forward(const FlashParams& p, const ForwardIO& io);
+void attention_backward(const FlashParams& p, const BackwardIO& io);
+
+}  // namespace flashattn::cpu
