@@ -17,7 +17,8 @@ void check_4d(const char* fn, const char* name, const char* axes, const TensorVi
     if (t.ndim() != 4 || t.strides.size() != 4)
         fail(fn, std::string(name) + " must have 4 dimensions " + axes + ", got shape " +
                      shape_string(t.shape));
-    if (t.shape[3] > 1 && t.strides[3] != 1)
+    const bool empty = t.shape[0] == 0 || t.shape[1] == 0 || t.shape[2] == 0 || t.shape[3] == 0;
+    if (!empty && t.shape[3] > 1 && t.strides[3] != 1)
         fail(fn, std::string(name) + " must have a contiguous last axis (stride 1), got stride " +
                      std::to_string(t.strides[3]));
 }

@@ -1,0 +1,100 @@
+// The metal engine: binds a call's arrays to pool buffers (in place or by one
+// copy, see staging.h), turns the call into a Plan and has the device execute
+// it. Outputs are pool buffers whose owner returns them to the pool.
+#import <Metal/Metal.h>
+
+#include <unistd.h>
+
+#include <limits>
+#include <mutex>
+#include <new>
+
+#include "engines/factories.h"
+#include "metal/device.h"
+#include "metal/metal_engine.h"
+
+namespace flashattn {
+namespace metal {
+namespace {
+
+class MetalEngineImpl final : public MetalEngine {
+public:
+    explicit MetalEngineImpl(std::unique_ptr<Device> device)
+        : device_(std::move(device)),
+          pool_(Pool::create(MetalBackend{device_->device()}, page_size(),
+                             default_cache_limit(device_->device()))) {}
+
+    std::string name() const override { return "metal"; }
+
+    OutputBuffer allocate(size_t n_floats) override {
+        if (n_floats > std::numeric_limits<size_t>::max() / sizeof(float)) throw std::bad_alloc();
+        return allocate_bytes(n_floats * sizeof(float));
+    }
+
+    OutputBuffer allocate_bytes(size_t bytes) override {
+        std::shared_ptr<Pool::Lease> lease = pool_->acquire(bytes);
+        float* data = static_cast<float*>(lease->data);
+        return {data, std::shared_ptr<void>(std::move(lease))};
+    }
+
+    bool owns(const void* p, size_t bytes) const override {
+        return pool_->find(p, bytes).has_value();
+    }
+
+    PoolStats pool_stats() const override { return pool_->stats(); }
+
+    TransferStats transfer_stats() const override {
+        std::lock_guard<std::mutex> lock(transfers_mu_);
+        return transfers_;
+    }
+
+    std::string device_name() const override { return device_->name(); }
+
+    void clear_cache() override { pool_->clear_cache(); }
+    size_t set_cache_limit(size_t bytes) override { return pool_->set_cache_limit(bytes); }
+
+    void forward(const FlashParams& p, const ForwardIO& io) override {
+        Call call = Call::forward(*pool_, p, io);
+        run(plan_forward(call.params()), call);
+    }
+
+    void backward(const FlashParams& p, const BackwardIO& io) override {
+        Call call = Call::backward(*pool_, p, io);
+        run(plan_backward(call.params()), call);
+    }
+
+private:
+    static size_t page_size() {
+        const long page = sysconf(_SC_PAGESIZE);
+        return page > 0 ? size_t(page) : 16384;
+    }
+
+    // A quarter of the memory Metal recommends for this device's working set.
+    static size_t default_cache_limit(id<MTLDevice> device) {
+        return size_t(device.recommendedMaxWorkingSetSize / 4);
+    }
+
+    void run(const Plan& plan, Call& call) {
+        if (plan.delta_elements > 0) call.scratch(Slot::delta, plan.delta_elements);
+        device_->execute(plan, call);
+        call.finish();
+        std::lock_guard<std::mutex> lock(transfers_mu_);
+        transfers_.add(call.transfers());
+    }
+
+    std::unique_ptr<Device> device_;
+    std::shared_ptr<Pool> pool_;
+    mutable std::mutex transfers_mu_;
+    TransferStats transfers_;
+};
+
+}  // namespace
+}  // namespace metal
+
+std::unique_ptr<Engine> make_metal_engine() {
+    std::unique_ptr<metal::Device> device = metal::Device::create_default();
+    if (!device) return nullptr;
+    return std::make_unique<metal::MetalEngineImpl>(std::move(device));
+}
+
+}  // namespace flashattn

@@ -1,0 +1,318 @@
+// How metal-sim runs a launch: one std::thread per GPU thread of a
+// threadgroup, alive for the whole launch; the threads run the threadgroups
+// one after another, meeting at a rendezvous between groups. Barriers and
+// SIMD-group functions are rendezvous among the group's (or the SIMD
+// group's) threads, so threadgroup memory is shared within a group and a
+// missing barrier is a real data race (ThreadSanitizer sees it). One launch
+// at a time in the process: threadgroup arrays are function-scope statics.
+#include "sim/launcher.h"
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <thread>
+
+#include "sim/runtime.h"
+
+namespace flashattn::sim {
+namespace {
+
+// Thrown inside a kernel's threads when their threadgroup has failed (a
+// divergent barrier); unwinds the kernel back to the worker loop.
+struct Abort {};
+
+class LaunchState;
+
+// A rendezvous of `count` threads. Each arrival carries a tag (which
+// barrier, in program order); all arrivals of one phase must carry the same
+// tag. A thread that has returned from the kernel leaves for good (exit());
+// a phase completed while some threads had left means the others met a
+// barrier the leavers never reached: divergence, as on a GPU an error.
+class Rendezvous {
+public:
+    // `failed` is set when a phase diverges.
+    void reset(unsigned count, bool* failed = nullptr) {
+        failed_ = failed;
+        count_ = count;
+        arrived_ = 0;
+        exited_ = 0;
+        diverged_ = false;
+    }
+
+    // Returns false when the phase diverged. `complete` runs once per phase,
+    // in the last thread to arrive, before anyone is released.
+    template <class F>
+    bool arrive(uint64_t tag, F&& complete) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        const uint32_t gen = generation_.load(std::memory_order_relaxed);
+        if (arrived_ == 0) tag_ = tag;
+        else if (tag != tag_) diverged_ = true;
+        ++arrived_;
+        if (arrived_ + exited_ == count_) {
+            finish(complete);
+            return phase_ok_;
+        }
+        lock.unlock();
+        while (generation_.load(std::memory_order_acquire) == gen)
+            generation_.wait(gen, std::memory_order_acquire);
+        return phase_ok_;
+    }
+    bool arrive(uint64_t tag) {
+        return arrive(tag, [](bool) {});
+    }
+
+    // This thread will not arrive again in this threadgroup.
+    void exit() {
+        std::lock_guard<std::mutex> lock(mutex_);
+        ++exited_;
+        if (arrived_ > 0 && arrived_ + exited_ == count_) finish([](bool) {});
+    }
+
+private:
+    template <class F>
+    void finish(F&& complete) {  // mutex_ held
+        const bool ok = !diverged_ && exited_ == 0;
+        if (!ok && failed_) *failed_ = true;
+        complete(ok);
+        phase_ok_ = ok;
+        arrived_ = 0;
+        diverged_ = false;
+        generation_.fetch_add(1, std::memory_order_release);
+        generation_.notify_all();
+    }
+
+    std::mutex mutex_;
+    std::atomic<uint32_t> generation_{0};
+    unsigned count_ = 0, arrived_ = 0, exited_ = 0;
+    uint64_t tag_ = 0;
+    bool diverged_ = false;
+    bool phase_ok_ = true;  // written before generation_ moves, read after
+    bool* failed_ = nullptr;
+};
+
+// Slots through which the lanes of one SIMD group exchange values.
+struct SimdGroup {
+    Rendezvous sync;
+    unsigned lanes = 0;
+    alignas(16) unsigned char slots[fa_sim::kSimdWidth][16];
+};
+
+constexpr size_t kMaxThreadgroupBytes = 32 * 1024;  // Apple GPUs
+constexpr unsigned kMaxThreadsPerGroup = 1024;
+
+class LaunchState {
+public:
+    LaunchState(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 grid, Dim3 group)
+        : kernel_(kernel), buffers_(buffers), grid_(grid),
+          threads_(group.x * group.y * group.z),
+          groups_(uint64_t(grid.x) * grid.y * grid.z),
+          simd_((threads_ + fa_sim::kSimdWidth - 1) / fa_sim::kSimdWidth) {
+        between_.reset(threads_);
+        for (unsigned s = 0; s < simd_.size(); ++s)
+            simd_[s].lanes = std::min(fa_sim::kSimdWidth, threads_ - s * fa_sim::kSimdWidth);
+        reset_group();
+    }
+
+    void run() {
+        std::vector<std::thread> workers;
+        workers.reserve(threads_);
+        try {
+            for (unsigned t = 0; t < threads_; ++t) workers.emplace_back([this, t] { work(t); });
+        } catch (...) {
+            // The started threads must not wait for the missing ones.
+            fail("could not start " + std::to_string(threads_) + " threads");
+        }
+        started_.store(1, std::memory_order_release);
+        started_.notify_all();
+        for (auto& w : workers) w.join();
+        if (!error_.empty()) throw std::runtime_error("metal-sim: " + kernel_.name + ": " + error_);
+    }
+
+    // Runtime entry points, called from the kernel's threads.
+    void barrier(uint64_t& count) {
+        if (!barrier_.arrive(count++)) throw Abort{};
+    }
+    void simd_exchange(unsigned tid, uint64_t& count, const void* value, size_t bytes, void* out,
+                       unsigned* lanes) {
+        SimdGroup& g = simd_[tid / fa_sim::kSimdWidth];
+        std::memcpy(g.slots[tid % fa_sim::kSimdWidth], value, bytes);
+        // Two phases: all lanes have written, then all have read, so the
+        // next exchange cannot overwrite a slot someone still needs.
+        if (!g.sync.arrive(count++)) throw Abort{};
+        for (unsigned l = 0; l < g.lanes; ++l)
+            std::memcpy(static_cast<unsigned char*>(out) + l * bytes, g.slots[l], bytes);
+        *lanes = g.lanes;
+        if (!g.sync.arrive(count++)) throw Abort{};
+    }
+    void note_array(void* data, size_t bytes) {
+        std::lock_guard<std::mutex> lock(arrays_mutex_);
+        for (const auto& a : arrays_)
+            if (a.first == data) return;
+        arrays_.emplace_back(data, bytes);
+        size_t total = 0;
+        for (const auto& a : arrays_) total += a.second;
+        if (total > kMaxThreadgroupBytes)
+            fail("uses " + std::to_string(total) +
+                               " bytes of threadgroup memory, more than Apple's " +
+                               std::to_string(kMaxThreadgroupBytes));
+    }
+
+    // What a kernel thread's runtime calls need to find their launch.
+    struct Ctx {
+        LaunchState* launch;
+        unsigned tid;
+        uint64_t barriers = 0;
+        uint64_t simd_ops = 0;
+    };
+
+private:
+
+    void work(unsigned tid);
+
+    void fail(const std::string& why) {
+        std::lock_guard<std::mutex> lock(error_mutex_);
+        if (error_.empty()) error_ = why;
+        failed_.store(true);
+    }
+
+    std::string group_name(uint64_t g) const {
+        return "threadgroup (" + std::to_string(g % grid_.x) + ", " +
+               std::to_string(g / grid_.x % grid_.y) + ", " +
+               std::to_string(g / (uint64_t(grid_.x) * grid_.y)) + ")";
+    }
+
+    // Between two threadgroups, in one thread: the group's threadgroup
+    // memory becomes garbage (NaN bytes) and the rendezvous start afresh.
+    void end_group(uint64_t g) {
+        if (barrier_phase_failed_ || simd_phase_failed_)
+            fail(group_name(g) + ": its threads did not all reach the same " +
+                 (barrier_phase_failed_ ? "threadgroup_barrier" : "SIMD-group function") +
+                 " (a barrier or SIMD-group call skipped by some threads, or reached after others returned)");
+        std::lock_guard<std::mutex> lock(arrays_mutex_);
+        for (const auto& a : arrays_) std::memset(a.first, 0xff, a.second);
+        reset_group();
+    }
+
+    void reset_group() {
+        barrier_phase_failed_ = simd_phase_failed_ = false;
+        barrier_.reset(threads_, &barrier_phase_failed_);
+        for (auto& s : simd_) s.sync.reset(s.lanes, &simd_phase_failed_);
+    }
+
+    const Kernel& kernel_;
+    const std::vector<Binding>& buffers_;
+    Dim3 grid_;
+    unsigned threads_;
+    uint64_t groups_;
+    Rendezvous barrier_, between_;
+    std::vector<SimdGroup> simd_;
+    std::atomic<int> started_{0};
+    std::atomic<bool> failed_{false};
+    bool barrier_phase_failed_ = false, simd_phase_failed_ = false;  // guarded by the rendezvous
+    std::mutex error_mutex_, arrays_mutex_;
+    std::string error_;
+    std::vector<std::pair<void*, size_t>> arrays_;
+
+public:
+    static thread_local Ctx* current;
+};
+
+thread_local LaunchState::Ctx* LaunchState::current = nullptr;
+
+void LaunchState::work(unsigned tid) {
+    Ctx ctx{this, tid};
+    current = &ctx;
+    Builtins bi{};
+    bi.thread = tid;
+    bi.lane = tid % fa_sim::kSimdWidth;
+    bi.simdgroup = tid / fa_sim::kSimdWidth;
+    SimdGroup& my_simd = simd_[tid / fa_sim::kSimdWidth];
+    while (started_.load(std::memory_order_acquire) == 0) started_.wait(0, std::memory_order_acquire);
+    for (uint64_t g = 0; g < groups_; ++g) {
+        // failed_ only changes before the between-groups rendezvous
+        // completes, so every thread takes the same branch here.
+        if (failed_.load()) break;
+        bi.group[0] = uint32_t(g % grid_.x);
+        bi.group[1] = uint32_t(g / grid_.x % grid_.y);
+        bi.group[2] = uint32_t(g / (uint64_t(grid_.x) * grid_.y));
+        ctx.barriers = 0;
+        ctx.simd_ops = 0;
+        try {
+            kernel_.run(buffers_, bi);
+        } catch (const Abort&) {
+        } catch (const std::exception& e) {
+            fail(group_name(g) + ": " + e.what());
+        }
+        barrier_.exit();
+        my_simd.sync.exit();
+        between_.arrive(0, [&](bool) { end_group(g); });
+    }
+    current = nullptr;
+}
+
+std::mutex& launch_mutex() {
+    static std::mutex m;
+    return m;
+}
+
+}  // namespace
+
+void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 grid, Dim3 group) {
+    const std::string why = kernel.check(buffers);
+    if (!why.empty()) throw std::runtime_error("metal-sim: " + kernel.name + ": " + why);
+    const uint64_t threads = uint64_t(group.x) * group.y * group.z;
+    if (threads == 0 || threads > kMaxThreadsPerGroup)
+        throw std::runtime_error("metal-sim: " + kernel.name + ": " + std::to_string(threads) +
+                                 " threads per threadgroup (must be 1.." +
+                                 std::to_string(kMaxThreadsPerGroup) + ")");
+    if (uint64_t(grid.x) * grid.y * grid.z == 0) return;
+    std::lock_guard<std::mutex> lock(launch_mutex());
+    LaunchState state(kernel, buffers, grid, group);
+    state.run();
+}
+
+void run_plan(const Plan& plan, const SlotPointers& slots) {
+    for (const Launch& launch : plan.launches) {
+        const Kernel* kernel = find_kernel(launch.kernel);
+        if (!kernel) throw std::runtime_error("metal-sim: no kernel named '" + launch.kernel + "'");
+        std::vector<Binding> buffers;
+        for (Slot s : launch.buffers) {
+            if (s == Slot::params)
+                buffers.push_back({const_cast<FlashParams*>(&plan.params), true});
+            else
+                buffers.push_back({slots[size_t(s)], false});
+        }
+        run_launch(*kernel, buffers, launch.grid, launch.threadgroup);
+    }
+}
+
+}  // namespace flashattn::sim
+
+// The runtime the shim's kernels call (runtime.h).
+namespace fa_sim {
+
+using flashattn::sim::LaunchState;
+
+static LaunchState::Ctx& ctx() {
+    LaunchState::Ctx* c = LaunchState::current;
+    if (!c) throw std::logic_error("metal-sim: kernel code called outside a launch");
+    return *c;
+}
+
+void threadgroup_barrier() {
+    auto& c = ctx();
+    c.launch->barrier(c.barriers);
+}
+
+void simd_exchange(const void* value, std::size_t bytes, void* lanes_out, unsigned* active_lanes) {
+    auto& c = ctx();
+    c.launch->simd_exchange(c.tid, c.simd_ops, value, bytes, lanes_out, active_lanes);
+}
+
+unsigned simd_lane() { return ctx().tid % kSimdWidth; }
+
+void note_threadgroup_array(void* data, std::size_t bytes) { ctx().launch->note_array(data, bytes); }
+
+}  // namespace fa_sim

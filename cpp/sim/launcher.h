@@ -1,0 +1,53 @@
+// metal-sim's launcher: runs Plans (cpp/core/plan.h) on the CPU through the
+// kernels compiled from shaders/*.metal, threadgroup after threadgroup, one
+// CPU thread per GPU thread, barriers and SIMD-group functions honoured.
+#pragma once
+#include <array>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/plan.h"
+
+namespace flashattn::sim {
+
+// One [[buffer(n)]] argument: a device pointer, or (is_value) the bytes a
+// `constant T&` argument refers to, as Metal's setBytes would pass them.
+struct Binding {
+    void* ptr = nullptr;
+    bool is_value = false;
+};
+
+// The position builtins a kernel may take after its buffers, in this order:
+// uint3 [[threadgroup_position_in_grid]], uint [[thread_index_in_threadgroup]],
+// uint [[thread_index_in_simdgroup]], uint [[simdgroup_index_in_threadgroup]].
+struct Builtins {
+    uint32_t group[3];
+    uint32_t thread, lane, simdgroup;
+};
+
+// A kernel compiled into the simulator, under its Metal (host_name) name.
+struct Kernel {
+    std::string name;
+    // Empty when the bindings fit the kernel's parameters, else why not.
+    std::function<std::string(const std::vector<Binding>&)> check;
+    std::function<void(const std::vector<Binding>&, const Builtins&)> run;
+};
+
+// Every kernel compiled from shaders/ (kernels.cpp).
+const std::vector<Kernel>& kernels();
+const Kernel* find_kernel(const std::string& name);
+
+// Runs `grid` threadgroups of `group` threads of a kernel. Throws
+// std::runtime_error naming the kernel and threadgroup when the kernel does
+// what a GPU would not allow: threads of one group meeting different
+// barriers (or a barrier some thread skipped by returning), a SIMD-group
+// function not called by every lane, or more than 32 KiB of threadgroup memory.
+void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 grid, Dim3 group);
+
+// Runs every launch of a plan; slots[s] is the memory bound to Slot s
+// (Slot::params is taken from plan.params).
+using SlotPointers = std::array<void*, 11>;
+void run_plan(const Plan& plan, const SlotPointers& slots);
+
+}  // namespace flashattn::sim

@@ -1,0 +1,37 @@
+"""flashattn: exact fused (FlashAttention-style) attention for NumPy arrays.
+
+Forward and backward, causal or not, grouped-query, sliding window, any head
+size up to 256, on the Apple GPU (Metal) or the CPU. Nothing of size T² is
+ever stored: memory grows with B·H·T.
+
+    import flashattn as fa
+    o, lse = fa.attention(q, k, v, causal=True, return_lse=True)
+    dq, dk, dv = fa.attention_backward(do, q, k, v, o, lse, causal=True)
+"""
+
+from . import reference
+from ._api import (
+    attention,
+    attention_backward,
+    backends,
+    get_num_threads,
+    set_num_threads,
+)
+from .memory import asarray, clear_cache, empty, metal_pool_stats, set_cache_limit
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "attention",
+    "attention_backward",
+    "backends",
+    "reference",
+    "set_num_threads",
+    "get_num_threads",
+    "empty",
+    "asarray",
+    "metal_pool_stats",
+    "clear_cache",
+    "set_cache_limit",
+    "__version__",
+]

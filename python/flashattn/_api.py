@@ -1,0 +1,146 @@
+"""The public entry points: argument checks that belong to Python (types,
+dtypes, memory layout), then one call into the compiled core, which checks
+shapes and runs the chosen engine with the GIL released."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+
+from . import _core
+
+__all__ = ["attention", "attention_backward", "backends", "set_num_threads", "get_num_threads"]
+
+
+def backends() -> list[str]:
+    """The engines usable on this machine, best first (the first is the default).
+
+    ``'metal'`` (Apple GPU) where available, ``'cpu'`` everywhere, and
+    ``'metal-sim'``: the Metal kernels run on the CPU, slowly, for testing.
+    """
+    return list(_core.backends())
+
+
+def set_num_threads(n: int) -> None:
+    """Threads used by the cpu engine (default: all cores, or ``FLASHATTN_NUM_THREADS``)."""
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
+        raise TypeError(f"set_num_threads: n must be an int, got {type(n).__name__}")
+    _core.set_num_threads(int(n))
+
+
+def get_num_threads() -> int:
+    """Threads used by the cpu engine."""
+    return int(_core.get_num_threads())
+
+
+def _input(fn: str, name: str, x) -> np.ndarray:
+    """x as a float32 array whose last axis is contiguous: in place when it
+    already is (a slice of a packed qkv array is not copied), else one copy."""
+    if not isinstance(x, np.ndarray):
+        raise TypeError(
+            f"{fn}: {name} must be a numpy.ndarray of float32, got {type(x).__name__}; "
+            f"use np.asarray({name}, dtype=np.float32)"
+        )
+    if x.dtype != np.float32:
+        if x.dtype.kind == "f" and x.dtype.itemsize == 4:
+            raise TypeError(
+                f"{fn}: {name} has non-native byte order ({x.dtype.str}); "
+                f"convert with {name}.astype(np.float32)"
+            )
+        raise TypeError(
+            f"{fn}: {name} must be float32, got {x.dtype}; convert with {name}.astype(np.float32)"
+        )
+    in_place = (
+        x.flags.aligned
+        and all(s % 4 == 0 for s in x.strides)
+        and (x.ndim == 0 or x.shape[-1] <= 1 or x.strides[-1] == 4)
+    )
+    return x if in_place else np.ascontiguousarray(x)
+
+
+def _window(fn: str, window) -> tuple[int, int]:
+    try:
+        left, right = window
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{fn}: window must be a pair of ints (left, right), -1 for unbounded; got {window!r}"
+        ) from None
+    for side in (left, right):
+        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
+            raise ValueError(
+                f"{fn}: window must be a pair of ints (left, right), -1 for unbounded; "
+                f"got {window!r}"
+            )
+    return int(left), int(right)
+
+
+def _scale(fn: str, scale) -> float | None:
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
+        raise TypeError(f"{fn}: scale must be a real number or None, got {type(scale).__name__}")
+    return float(scale)
+
+
+def _backend(fn: str, backend) -> str | None:
+    if backend is None:
+        return None
+    if not isinstance(backend, str):
+        raise TypeError(f"{fn}: backend must be a str or None, got {type(backend).__name__}")
+    available = backends()
+    if backend not in available:
+        raise ValueError(f"{fn}: unknown backend {backend!r}; available here: {available}")
+    return backend
+
+
+def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, return_lse=False,
+              backend=None):
+    """Exact softmax attention, fused: memory O(B·H·T), never O(T²).
+
+    Args:
+        q: (B, Tq, H, D) float32.
+        k, v: (B, Tk, Hkv, D) float32; H must be a multiple of Hkv, and query
+            head h reads kv head h // (H // Hkv) (GQA; Hkv == 1 is MQA).
+        causal: mask aligned bottom-right: query i sits at key position
+            p = i + Tk - Tq and sees keys j <= p.
+        window: (left, right): query at position p sees keys
+            p - left <= j <= p + right; -1 is unbounded. Causal caps right at 0.
+        scale: multiplies q·k; default 1/sqrt(D).
+        return_lse: also return the log-sum-exp of the scaled scores.
+        backend: an engine from backends(); default the first.
+
+    Returns:
+        o, (B, Tq, H, D) float32, or (o, lse) with lse (B, H, Tq) float32
+        (natural log). A row that sees no key gets o = 0 and lse = -inf.
+
+    Inputs whose last axis is contiguous are read in place whatever their other
+    strides; other float32 layouts are copied once. Other dtypes raise TypeError.
+    """
+    fn = "attention"
+    q, k, v = (_input(fn, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    left, right = _window(fn, window)
+    o, lse = _core.forward(q, k, v, bool(causal), left, right, _scale(fn, scale),
+                           _backend(fn, backend))
+    return (o, lse) if return_lse else o
+
+
+def attention_backward(do, q, k, v, o, lse, *, causal=False, window=(-1, -1), scale=None,
+                       backend=None):
+    """Gradients of attention(q, k, v, ...) for the output gradient ``do``.
+
+    ``o`` and ``lse`` are the outputs of the forward call with the same options
+    (``attention(..., return_lse=True)``); probabilities are recomputed from
+    them tile by tile (FlashAttention-2), so memory stays O(B·H·T).
+
+    Returns:
+        dq, dk, dv: float32, shaped like q, k, v. Rows that saw no key
+        contribute zero gradient.
+    """
+    fn = "attention_backward"
+    arrays = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse}
+    do, q, k, v, o, lse = (_input(fn, name, x) for name, x in arrays.items())
+    lse = np.ascontiguousarray(lse)  # (B, H, Tq): O(B·H·T) at most
+    left, right = _window(fn, window)
+    return _core.backward(do, q, k, v, o, lse, bool(causal), left, right, _scale(fn, scale),
+                          _backend(fn, backend))

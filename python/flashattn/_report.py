@@ -1,0 +1,126 @@
+"""The main job, `python -m flashattn`: which engines this machine has, is
+each one right (against the float64 reference), and what does it cost in time
+and memory next to the plain NumPy implementation."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import resource
+import sys
+import time
+
+import numpy as np
+
+from . import _api, reference
+
+# The engine that simulates GPU kernels on the CPU is for tests: far too slow
+# for the timed shape, so it is only checked for correctness.
+_SIMULATED = {"metal-sim"}
+
+
+def _inputs(B, Tq, Tk, H, Hkv, D, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, Tq, H, D), dtype=np.float32)
+    k = rng.standard_normal((B, Tk, Hkv, D), dtype=np.float32)
+    v = rng.standard_normal((B, Tk, Hkv, D), dtype=np.float32)
+    do = rng.standard_normal((B, Tq, H, D), dtype=np.float32)
+    return q, k, v, do
+
+
+def _max_err(got, want):
+    return float(np.max(np.abs(np.asarray(got, np.float64) - want))) if want.size else 0.0
+
+
+def check(engine, shape, causal, window):
+    """Max error of the engine's o, dq, dk, dv against float64, as a ratio to
+    the plain float32 implementation's error (FlashAttention's test rule)."""
+    q, k, v, do = _inputs(*shape)
+    opts = dict(causal=causal, window=window)
+    o64 = reference.attention(q, k, v, **opts)
+    g64 = reference.attention_backward(do, q, k, v, **opts)
+    o32 = reference.attention(q, k, v, dtype=np.float32, **opts)
+    g32 = reference.attention_backward(do, q, k, v, dtype=np.float32, **opts)
+    o, lse = _api.attention(q, k, v, return_lse=True, backend=engine, **opts)
+    grads = _api.attention_backward(do, q, k, v, o, lse, backend=engine, **opts)
+    ratios = []
+    for got, base, want in zip((o, *grads), (o32, *g32), (o64, *g64)):
+        ratios.append(_max_err(got, want) / max(_max_err(base, want), 1e-7))
+    return _max_err(o, o64), max(ratios)
+
+
+def _timed_run(engine, shape, causal, repeats, queue):
+    """In a fresh process: best forward and forward+backward times, and the
+    peak resident memory beyond the inputs."""
+    q, k, v, do = _inputs(*shape)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    fwd, total = [], []
+    for _ in range(repeats + 1):  # the first run warms up
+        t0 = time.perf_counter()
+        if engine == "numpy":
+            reference.attention(q, k, v, causal=causal, dtype=np.float32)
+            t1 = time.perf_counter()
+            reference.attention_backward(do, q, k, v, causal=causal, dtype=np.float32)
+        else:
+            o, lse = _api.attention(q, k, v, causal=causal, return_lse=True, backend=engine)
+            t1 = time.perf_counter()
+            _api.attention_backward(do, q, k, v, o, lse, causal=causal, backend=engine)
+        total.append(time.perf_counter() - t0)
+        fwd.append(t1 - t0)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    queue.put((min(fwd[1:]), min(total[1:]), (peak - base) * scale))
+
+
+def timed(engine, shape, causal, repeats):
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_timed_run, args=(engine, shape, causal, repeats, queue))
+    proc.start()
+    result = queue.get()
+    proc.join()
+    return result
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashattn", description=__doc__)
+    parser.add_argument("--seq", type=int, default=2048, help="T of the timed shape")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per engine (best kept)")
+    args = parser.parse_args(argv)
+
+    from . import __version__
+
+    engines = _api.backends()
+    print(f"flashattn {__version__}: engines on this machine, best first: {', '.join(engines)}")
+    print(f"cpu engine threads: {_api.get_num_threads()}")
+
+    check_cases = [
+        ((2, 200, 256, 4, 2, 64), True, (-1, -1)),
+        ((1, 97, 97, 4, 1, 59), False, (32, 8)),
+    ]
+    print("\nCorrectness: max |error| against the float64 reference, and the worst ratio of")
+    print("the engine's error to plain float32 NumPy's (o, dq, dk, dv; tests require <= 2 / 3)")
+    print(f"  {'engine':<10} {'shape (B, Tq, Tk, H, Hkv, D)':<30} {'options':<22} "
+          f"{'o error':>9} {'ratio':>6}")
+    for engine in engines:
+        for shape, causal, window in check_cases:
+            err, ratio = check(engine, shape, causal, window)
+            opts = f"causal={causal} w={window}"
+            print(f"  {engine:<10} {str(shape):<30} {opts:<22} {err:9.2e} {ratio:6.2f}",
+                  flush=True)
+
+    shape = (1, args.seq, args.seq, 8, 8, 64)
+    print(f"\nForward + backward, B=1, T={args.seq}, H=8, D=64, causal "
+          f"(best of {args.repeats}, each in a fresh process)")
+    print(f"  {'engine':<12} {'forward ms':>11} {'fwd+bwd ms':>11} {'peak memory beyond inputs':>27}")
+    rows = [e for e in engines if e not in _SIMULATED] + ["numpy"]
+    for engine in rows:
+        fwd, total, mem = timed(engine, shape, True, args.repeats)
+        label = engine if engine != "numpy" else "numpy f32"
+        print(f"  {label:<12} {fwd * 1e3:11.1f} {total * 1e3:11.1f} {mem / 2**20:23.1f} MiB",
+              flush=True)
+    skipped = [e for e in engines if e in _SIMULATED]
+    if skipped:
+        print(f"  ({', '.join(skipped)} simulates the GPU kernels on the CPU: checked above, "
+              "not timed)")
+    return 0
