@@ -23,13 +23,16 @@ namespace {
 using simd::splat;
 using simd::vi;
 
-// Per-(batch, head, query tile) inputs prepared once: Q^T scaled to log2
-// units, dO^T, lse in log2 units (+inf for padding and empty rows, so their
-// probabilities are 0) and delta = rowsum(dO * O).
+// Per-(batch, head, query tile) inputs prepared once, contiguous and
+// zero-padded: Q^T scaled to log2 units and scale * dO^T (D x BQ, for S^T and
+// dP^T),
+// Q and dO (BQ x Dp, for dK and dV), lse in log2 units (+inf for padding
+// and empty rows, so their probabilities are 0) and scale * rowsum(dO * O).
+// Strided rows of q and do, gathered once here instead of once per key block.
 struct Prepared {
-    int BQ, blocks;
-    size_t tile;  // floats in one D x BQ tile
-    AlignedBuffer qt, dot, lse2, delta;
+    int BQ, blocks, Dp;
+    size_t tile;  // floats in one D x BQ (or BQ x Dp) tile
+    AlignedBuffer qt, dot, qr, dor, lse2, delta;
 
     size_t index(int64_t b, int64_t h, int64_t qb, int H) const {
         return (size_t(b) * H + h) * blocks + qb;
@@ -39,6 +42,7 @@ struct Prepared {
 void prepare(const FlashParams& p, const BackwardIO& io, Prepared& s) {
     const int D = p.D, BQ = s.BQ;
     const float c = p.scale * kLog2e;
+    const float scale = p.scale;
     const int64_t heads = int64_t(p.B) * p.H;
     parallel_for(heads * s.blocks, [&](int64_t t) {
         const int64_t bh = t / s.blocks, qb = t % s.blocks, b = bh / p.H, h = bh % p.H;
@@ -47,6 +51,11 @@ void prepare(const FlashParams& p, const BackwardIO& io, Prepared& s) {
         const size_t at = s.index(b, h, qb, p.H);
         float* qt = s.qt.data() + at * s.tile;
         float* dot = s.dot.data() + at * s.tile;
+        float* qr = s.qr.data() + at * s.tile;
+        float* dor = s.dor.data() + at * s.tile;
+        const int Dp = s.Dp;
+        std::memset(qr, 0, sizeof(float) * s.tile);
+        std::memset(dor, 0, sizeof(float) * s.tile);
         float* lse2 = s.lse2.data() + at * BQ;
         float* delta = s.delta.data() + at * BQ;
         const float* q0 = io.q + b * p.q.b + h * p.q.h;
@@ -67,10 +76,12 @@ void prepare(const FlashParams& p, const BackwardIO& io, Prepared& s) {
             float acc = 0.0f;
             for (int d = 0; d < D; ++d) {
                 qt[d * BQ + r] = qs[d] * c;
-                dot[d * BQ + r] = ds[d];
+                dot[d * BQ + r] = ds[d] * scale;
+                qr[r * Dp + d] = qs[d];
+                dor[r * Dp + d] = ds[d];
                 acc += ds[d] * os[d];
             }
-            delta[r] = acc;
+            delta[r] = acc * scale;
             lse2[r] = lse0[i] == -simd::kInf ? simd::kInf : lse0[i] * kLog2e;
         }
     });
@@ -135,24 +146,42 @@ struct Context {
     int Dp;
 };
 
-// P and dS for one tile pair, in place: S^T becomes P^T, dP^T becomes dS^T.
-void probabilities(int nk, int BQ, bool full, const int* lo, const int* hi, const float* lse2,
-                   const float* delta, float scale, float* ST, float* dPT) {
-    const vi lane = simd::iota();
-    const vf neg_inf = splat(-simd::kInf);
-    const vf sc = splat(scale);
-    for (int c = 0; c < BQ; c += W) {
-        const vf l2 = simd::load(lse2 + c), dl = simd::load(delta + c);
-        const vi col = lane + c;
-        for (int j = 0; j < nk; ++j) {
-            vf x = simd::load(ST + j * BQ + c) - l2;
-            if (!full) x = simd::select((col >= (vi{} + lo[j])) & (col < (vi{} + hi[j])), x, neg_inf);
-            const vf pr = simd::exp2(x);
-            simd::store(ST + j * BQ + c, pr);
-            simd::store(dPT + j * BQ + c, pr * (simd::load(dPT + j * BQ + c) - dl) * sc);
+// P^T = exp2(S^T - lse2) inside the band, 0 outside, computed as each vector
+// of S^T leaves the registers. Masked: the tile crosses the band's edge, and
+// row r (key) keeps the columns (queries) [lo[r], hi[r]).
+template <bool Masked>
+struct ProbabilityEpilogue {
+    const float* lse2;  // per column, from this block's first column
+    const int* lo;      // per row, from this block's first row
+    const int* hi;
+    int col0;
+
+    vf operator()(int r, int v, vf x) const {
+        vf s = x - simd::load(lse2 + v * W);
+        if constexpr (Masked) {
+            const vi col = simd::iota() + (col0 + v * W);
+            s = simd::select((col >= (vi{} + lo[r])) & (col < (vi{} + hi[r])), s,
+                             splat(-simd::kInf));
         }
+        return simd::exp2(s);
     }
-}
+    ProbabilityEpilogue at(int m, int n) const {
+        return {lse2 + n, Masked ? lo + m : lo, Masked ? hi + m : hi, col0 + n};
+    }
+};
+
+// dS^T = P^T * (dP^T - delta) as dP^T leaves the registers (the softmax
+// scale is folded into dO^T and delta beforehand).
+struct GradientEpilogue {
+    const float* P;  // P^T at this block's first element
+    int64_t ldp;
+    const float* delta;  // per column
+
+    vf operator()(int r, int v, vf x) const {
+        return simd::load(P + r * ldp + v * W) * (x - simd::load(delta + v * W));
+    }
+    GradientEpilogue at(int m, int n) const { return {P + m * ldp + n, ldp, delta + n}; }
+};
 
 void chunk_task(const Context& cx, int64_t b, int64_t hk, const Chunk& ch) {
     const FlashParams& p = cx.p;
@@ -168,15 +197,11 @@ void chunk_task(const Context& cx, int64_t b, int64_t hk, const Chunk& ch) {
     float* Vp = scratch(size_t(kBlockK) * Dp, 1);
     float* ST = scratch(size_t(kBlockK) * BQ, 2);
     float* dPT = scratch(size_t(kBlockK) * BQ, 3);
-    float* Qr = scratch(size_t(BQ) * Dp, 4);
-    float* dOr = scratch(size_t(BQ) * Dp, 5);
     float* dK = scratch(size_t(kBlockK) * Dp, 6);
     float* dV = scratch(size_t(kBlockK) * Dp, 7);
     int lo[kBlockK], hi[kBlockK];
     for (int j = 0; j < kBlockK; ++j)
         for (int d = D; d < Dp; ++d) Kp[j * Dp + d] = Vp[j * Dp + d] = 0.0f;
-    for (int r = 0; r < BQ; ++r)
-        for (int d = D; d < Dp; ++d) Qr[r * Dp + d] = dOr[r * Dp + d] = 0.0f;
 
     // This task's dQ partial rows, zeroed before accumulating.
     auto partial_of = [&](int64_t h) {
@@ -198,27 +223,29 @@ void chunk_task(const Context& cx, int64_t b, int64_t hk, const Chunk& ch) {
             }
         }
         for (int64_t h = hk * p.group; rows.begin < rows.end && h < (hk + 1) * p.group; ++h) {
-            const float* q0 = io.q + b * p.q.b + h * p.q.h;
-            const float* do0 = io.dout + b * p.dout.b + h * p.dout.h;
             float* dq_part = partial_of(h);
             for (int64_t qb = rows.begin / BQ; qb * BQ < rows.end; ++qb) {
                 const int64_t i0 = qb * BQ;
                 const int nq = int(std::min<int64_t>(BQ, p.Tq - i0));
                 const size_t at = prep.index(b, h, qb, p.H);
                 // S^T = K Q^T and dP^T = V dO^T, both keys x queries.
-                gemm<false>(nk, BQ, D, Kp, Dp, prep.qt.data() + at * prep.tile, BQ, ST, BQ,
-                            nullptr, false);
-                gemm<false>(nk, BQ, D, Vp, Dp, prep.dot.data() + at * prep.tile, BQ, dPT, BQ,
-                            nullptr, false);
-                const bool full = block_inside_band(p, i0, i0 + nq, j0, j0 + nk);
-                if (!full)
+                // S^T = K Q^T becomes P^T, and dP^T = V dO^T becomes dS^T, as
+                // they are computed (keys x queries).
+                const float* lse2 = prep.lse2.data() + at * BQ;
+                const float* qt = prep.qt.data() + at * prep.tile;
+                if (block_inside_band(p, i0, i0 + nq, j0, j0 + nk)) {
+                    gemm<false>(nk, BQ, D, Kp, Dp, qt, BQ, ST, BQ, nullptr, false,
+                                ProbabilityEpilogue<false>{lse2, lo, hi, 0});
+                } else {
                     for (int j = 0; j < nk; ++j) key_columns(p, j0 + j, i0, nq, lo[j], hi[j]);
-                probabilities(nk, BQ, full, lo, hi, prep.lse2.data() + at * BQ,
-                              prep.delta.data() + at * BQ, p.scale, ST, dPT);
-                for (int r = 0; r < nq; ++r) {
-                    std::memcpy(Qr + r * Dp, q0 + (i0 + r) * p.q.t, sizeof(float) * D);
-                    std::memcpy(dOr + r * Dp, do0 + (i0 + r) * p.dout.t, sizeof(float) * D);
+                    gemm<false>(nk, BQ, D, Kp, Dp, qt, BQ, ST, BQ, nullptr, false,
+                                ProbabilityEpilogue<true>{lse2, lo, hi, 0});
                 }
+                gemm<false>(nk, BQ, D, Vp, Dp, prep.dot.data() + at * prep.tile, BQ, dPT, BQ,
+                            nullptr, false,
+                            GradientEpilogue{ST, BQ, prep.delta.data() + at * BQ});
+                const float* Qr = prep.qr.data() + at * prep.tile;
+                const float* dOr = prep.dor.data() + at * prep.tile;
                 gemm<false>(nk, Dp, nq, ST, BQ, dOr, Dp, dV, Dp, nullptr, true);   // dV += P^T dO
                 gemm<false>(nk, Dp, nq, dPT, BQ, Qr, Dp, dK, Dp, nullptr, true);   // dK += dS^T Q
                 gemm<true>(nq, Dp, nk, dPT, BQ, Kp, Dp, dq_part + (i0 - ch.row0) * Dp, Dp,
@@ -238,10 +265,13 @@ void attention_backward(const FlashParams& p, const BackwardIO& io) {
     Prepared prep;
     prep.BQ = query_block(p, W);
     prep.blocks = int((int64_t(p.Tq) + prep.BQ - 1) / prep.BQ);
-    prep.tile = size_t(p.D) * prep.BQ;
+    prep.Dp = int(round_up(p.D, W));
+    prep.tile = size_t(prep.Dp) * prep.BQ;
     const size_t tiles = size_t(p.B) * p.H * prep.blocks;
     prep.qt.resize(tiles * prep.tile);
     prep.dot.resize(tiles * prep.tile);
+    prep.qr.resize(tiles * prep.tile);
+    prep.dor.resize(tiles * prep.tile);
     prep.lse2.resize(tiles * prep.BQ);
     prep.delta.resize(tiles * prep.BQ);
     prepare(p, io, prep);

@@ -95,15 +95,21 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
         const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));
         const bool full = block_inside_band(p, i0, i0 + nq, j0, j0 + nk);
-        for (int j = 0; j < nk; ++j)
-            std::memcpy(Vp + j * Dp, v0 + (j0 + j) * p.v.t, sizeof(float) * D);
+        // V rows serve as the B operand in place when they need no padding.
+        const float* Vb = v0 + j0 * p.v.t;
+        int64_t ldv = p.v.t;
+        if (D != Dp) {
+            for (int j = 0; j < nk; ++j)
+                std::memcpy(Vp + j * Dp, v0 + (j0 + j) * p.v.t, sizeof(float) * D);
+            Vb = Vp, ldv = Dp;
+        }
         // S^T = K Q^T, K read in place: its rows are the broadcast operand.
         gemm<false>(nk, BQ, D, k0 + j0 * p.k.t, p.k.t, Qt, BQ, ST, BQ, nullptr, false);
         if (!full)
             for (int j = 0; j < nk; ++j) key_columns(p, j0 + j, i0, nq, lo[j], hi[j]);
         online_softmax(ST, nk, BQ, full, lo, hi, m, l, corr);
         // O = O * corr + P V, with P = (S^T)^T.
-        gemm<true>(nq, Dp, nk, ST, BQ, Vp, Dp, O, Dp, corr, true);
+        gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O, Dp, corr, true);
     }
 
     for (int r = 0; r < nq; ++r) {
@@ -125,11 +131,12 @@ void attention_forward(const FlashParams& p, const ForwardIO& io) {
     const int BQ = query_block(p, W);
     const int64_t blocks = (int64_t(p.Tq) + BQ - 1) / BQ;
     const int64_t heads = int64_t(p.B) * p.H;
-    // Last query blocks first: under a causal mask they carry the most keys,
-    // and starting them early evens out the threads' finishing times.
+    // Consecutive tasks share a head, so its K and V stay in cache; within a
+    // head the last query blocks (the most keys under a causal mask) come
+    // first, so the tasks left at the end are small and threads finish together.
     parallel_for(heads * blocks, [&](int64_t t) {
-        const int64_t qb = blocks - 1 - t / heads;
-        const int64_t bh = t % heads;
+        const int64_t qb = blocks - 1 - t % blocks;
+        const int64_t bh = t / blocks;
         const int64_t i0 = qb * BQ;
         forward_block(p, io, bh / p.H, bh % p.H, i0, int(std::min<int64_t>(BQ, p.Tq - i0)), BQ);
     });

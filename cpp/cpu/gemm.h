@@ -1,7 +1,9 @@
 // Register-blocked products of small tiles, the engine's only heavy loops:
-// C = (C * rowscale | 0) + A B for tiles in L1/L2. The micro-kernel keeps an
-// MR x (NV * W) block of C in vector registers while streaming one row of B
-// and broadcasting one element of A per row, per step of k.
+// C = epilogue((C * rowscale | 0) + A B) for tiles in L1/L2. The micro-kernel
+// keeps an MR x (NV * W) block of C in vector registers while streaming one
+// row of B and broadcasting one element of A per row, per step of k. An
+// epilogue maps each finished vector before it is stored (the softmax work of
+// the backward, done while the values are still in registers).
 #pragma once
 #include <cstdint>
 #include <utility>
@@ -26,12 +28,20 @@ inline constexpr int kMaxNV = 2;
 constexpr int rows_for(int nv) { return nv >= 2 ? 4 : 6; }
 #endif
 
+// The identity epilogue. An epilogue is called as epi(r, v, x) for row r and
+// column vector v of the micro-kernel's block, and epi.at(m, n) gives the
+// epilogue for the block m rows and n columns further on.
+struct Identity {
+    vf operator()(int, int, vf x) const { return x; }
+    Identity at(int, int) const { return *this; }
+};
+
 // A[r, k] is A[r * lda + k], or A[k * lda + r] when TA (a transposed tile
 // costs nothing: the element is broadcast either way).
-template <int MR, int NV, bool TA>
+template <int MR, int NV, bool TA, class Epi>
 inline void micro_kernel(int K, const float* __restrict A, int64_t lda, const float* __restrict B,
                          int64_t ldb, float* __restrict C, int64_t ldc,
-                         const float* __restrict rowscale, bool accumulate) {
+                         const float* __restrict rowscale, bool accumulate, const Epi& epi) {
     vf c[MR][NV];
     if (accumulate) {
 #pragma GCC unroll 16
@@ -61,65 +71,67 @@ inline void micro_kernel(int K, const float* __restrict A, int64_t lda, const fl
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 16
-        for (int v = 0; v < NV; ++v) simd::store(C + r * ldc + v * W, c[r][v]);
+        for (int v = 0; v < NV; ++v) simd::store(C + r * ldc + v * W, epi(r, v, c[r][v]));
 }
 
 namespace detail {
 
-template <int NV, bool TA, int... Ms>
+template <int NV, bool TA, class Epi, int... Ms>
 inline void row_tail(int rows, std::integer_sequence<int, Ms...>, int K, const float* A,
                      int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
-                     const float* rowscale, bool accumulate) {
+                     const float* rowscale, bool accumulate, const Epi& epi) {
     ((rows == Ms + 1 ? micro_kernel<Ms + 1, NV, TA>(K, A, lda, B, ldb, C, ldc, rowscale,
-                                                    accumulate)
+                                                    accumulate, epi)
                      : void()),
      ...);
 }
 
-template <int NV, bool TA>
+template <int NV, bool TA, class Epi>
 inline void gemm_columns(int M, int K, const float* A, int64_t lda, const float* B, int64_t ldb,
-                         float* C, int64_t ldc, const float* rowscale, bool accumulate) {
+                         float* C, int64_t ldc, const float* rowscale, bool accumulate,
+                         const Epi& epi) {
     constexpr int MR = rows_for(NV);
     int m = 0;
     for (; m + MR <= M; m += MR)
         micro_kernel<MR, NV, TA>(K, TA ? A + m : A + m * lda, lda, B, ldb, C + m * ldc, ldc,
-                                 rowscale ? rowscale + m : nullptr, accumulate);
+                                 rowscale ? rowscale + m : nullptr, accumulate, epi.at(m, 0));
     if (m < M)
         row_tail<NV, TA>(M - m, std::make_integer_sequence<int, MR - 1>(), K,
                          TA ? A + m : A + m * lda, lda, B, ldb, C + m * ldc, ldc,
-                         rowscale ? rowscale + m : nullptr, accumulate);
+                         rowscale ? rowscale + m : nullptr, accumulate, epi.at(m, 0));
 }
 
 }  // namespace detail
 
-// C[M x N] = (accumulate ? C * rowscale : 0) + A[M x K] B[K x N], where N is a
-// multiple of W, B and C are row-major (ldb, ldc) and rowscale (one factor
-// per row of C) may be null for 1.
-template <bool TA>
+// C[M x N] = epi((accumulate ? C * rowscale : 0) + A[M x K] B[K x N]), where
+// N is a multiple of W, B and C are row-major (ldb, ldc) and rowscale (one
+// factor per row of C) may be null for 1.
+template <bool TA, class Epi = Identity>
 inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* B, int64_t ldb,
-                 float* C, int64_t ldc, const float* rowscale, bool accumulate) {
+                 float* C, int64_t ldc, const float* rowscale, bool accumulate,
+                 const Epi& epi = Epi{}) {
     for (int n = 0; n < N; n += kMaxNV * W) {
         const int nv = (N - n) / W < kMaxNV ? (N - n) / W : kMaxNV;
         switch (nv) {
 #if defined(__AVX512F__)
             case 4:
                 detail::gemm_columns<4, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
-                                            accumulate);
+                                            accumulate, epi.at(0, n));
                 break;
 #endif
 #if defined(__AVX__) || defined(__AVX512F__)
             case 3:
                 detail::gemm_columns<3, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
-                                            accumulate);
+                                            accumulate, epi.at(0, n));
                 break;
 #endif
             case 2:
                 detail::gemm_columns<2, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
-                                            accumulate);
+                                            accumulate, epi.at(0, n));
                 break;
             default:
                 detail::gemm_columns<1, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
-                                            accumulate);
+                                            accumulate, epi.at(0, n));
                 break;
         }
     }

@@ -38,7 +38,17 @@ inline vf load(const float* p) {
     return v;
 }
 inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
-inline vf splat(float x) { return vf{} + x; }
+// (Not vf{} + x: adding +0.0 is not an identity for -0.0, so the compiler
+// would keep a real add in front of every broadcast.)
+inline vf splat(float x) {
+#if defined(__AVX512F__)
+    return _mm512_set1_ps(x);
+#elif defined(__AVX__)
+    return _mm256_set1_ps(x);
+#else
+    return vf{x, x, x, x};
+#endif
+}
 inline vf bits_to_float(vi x) { return (vf)x; }  // vector casts reinterpret bits
 inline vi float_to_bits(vf x) { return (vi)x; }
 
@@ -83,31 +93,37 @@ inline vi iota() {
     return v;
 }
 
-// 2^x to about 1 ulp for x <= 127 (larger x gives 2^127); exactly 0 below
-// 2^-125 and for -inf (masked scores), so masked entries contribute nothing.
+// 2^x to about 1 ulp for x <= 127 (larger x gives at most 2^128); exactly 0
+// for x <= -160 and for -inf (masked scores), so masked entries contribute
+// nothing; between, as small as float goes (denormals, then 0).
 inline vf exp2(vf x) {
+    // Relative-error least-squares fit of 2^f on [-0.5, 0.5]: error < 1e-7.
+    auto poly = [](vf f) {
+        vf p = splat(1.5337585e-4f);
+        p = fma(p, f, splat(1.3399870e-3f));
+        p = fma(p, f, splat(9.6185198e-3f));
+        p = fma(p, f, splat(5.5503290e-2f));
+        p = fma(p, f, splat(2.4022646e-1f));
+        p = fma(p, f, splat(6.9314718e-1f));
+        return fma(p, f, splat(1.0f));
+    };
+#if defined(__AVX512F__)
+    // scalef computes p * 2^n with correct underflow to denormals and 0.
+    x = min(max(x, splat(-160.0f)), splat(127.0f));
+    const vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_scalef_ps(poly(x - n), n);
+#else
     x = min(max(x, splat(-127.0f)), splat(127.0f));
     // Adding 1.5 * 2^23 rounds x to the nearest integer n, which lands in
-    // the low mantissa bits of t.
+    // the low mantissa bits of t; n is then added to p's exponent.
     const vf magic = splat(12582912.0f);
     const vf t = x + magic;
     const vf n = t - magic;
-    const vf f = x - n;  // in [-0.5, 0.5]
-    // Relative-error least-squares fit of 2^f on [-0.5, 0.5]: error < 1e-7.
-    vf p = splat(1.5337585e-4f);
-    p = fma(p, f, splat(1.3399870e-3f));
-    p = fma(p, f, splat(9.6185198e-3f));
-    p = fma(p, f, splat(5.5503290e-2f));
-    p = fma(p, f, splat(2.4022646e-1f));
-    p = fma(p, f, splat(6.9314718e-1f));
-    p = fma(p, f, splat(1.0f));
-#if defined(__AVX512F__)
-    const vf r = _mm512_scalef_ps(p, n);
-#else
     const vi e = (float_to_bits(t) - float_to_bits(magic)) << 23;
-    const vf r = bits_to_float(float_to_bits(p) + e);
-#endif
+    const vf r = bits_to_float(float_to_bits(poly(x - n)) + e);
+    // Below 2^-125 the exponent arithmetic would leave the normal range.
     return bits_to_float(float_to_bits(r) & (x >= splat(-125.0f)));
+#endif
 }
 
 }  // namespace flashattn::cpu::simd
