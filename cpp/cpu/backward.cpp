@@ -156,14 +156,21 @@ struct ProbabilityEpilogue {
     const int* hi;
     int col0;
 
-    vf operator()(int r, int v, vf x) const {
-        vf s = x - simd::load(lse2 + v * W);
-        if constexpr (Masked) {
+    template <int MR, int NV>
+    void apply(vf (&c)[MR][NV]) const {
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; ++v) {
+            const vf l2 = simd::load(lse2 + v * W);
             const vi col = simd::iota() + (col0 + v * W);
-            s = simd::select((col >= (vi{} + lo[r])) & (col < (vi{} + hi[r])), s,
-                             splat(-simd::kInf));
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r) {
+                vf s = c[r][v] - l2;
+                if constexpr (Masked)
+                    s = simd::select((col >= (vi{} + lo[r])) & (col < (vi{} + hi[r])), s,
+                                     splat(-simd::kInf));
+                c[r][v] = simd::exp2(s);
+            }
         }
-        return simd::exp2(s);
     }
     ProbabilityEpilogue at(int m, int n) const {
         return {lse2 + n, Masked ? lo + m : lo, Masked ? hi + m : hi, col0 + n};
@@ -177,8 +184,14 @@ struct GradientEpilogue {
     int64_t ldp;
     const float* delta;  // per column
 
-    vf operator()(int r, int v, vf x) const {
-        return simd::load(P + r * ldp + v * W) * (x - simd::load(delta + v * W));
+    template <int MR, int NV>
+    void apply(vf (&c)[MR][NV]) const {
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; ++v) {
+            const vf dl = simd::load(delta + v * W);
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r) c[r][v] = simd::load(P + r * ldp + v * W) * (c[r][v] - dl);
+        }
     }
     GradientEpilogue at(int m, int n) const { return {P + m * ldp + n, ldp, delta + n}; }
 };

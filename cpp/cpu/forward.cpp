@@ -6,6 +6,13 @@
 // along the vector lanes: the softmax statistics (max, sum, rescale) of W
 // rows are one vector and need no horizontal reductions, and K is read in
 // place as the broadcast operand of S^T = K Q^T.
+//
+// Once every row of a tile has a running max m, a key block wholly inside
+// the band takes a one-pass path: exponentials against the (possibly stale)
+// m are taken as S^T leaves the registers, and m is kept unless some score
+// exceeds it by more than kHeadroom (then the block is redone the two-pass
+// way). Probabilities up to 2^kHeadroom relative to m lose no accuracy in
+// float, and skipping the rescale saves a pass over the tile and over O.
 #include <cmath>
 #include <cstring>
 
@@ -19,6 +26,36 @@ namespace {
 
 using simd::splat;
 using simd::vi;
+
+constexpr float kHeadroom = 16.0f;  // log2 units
+
+// exp2(S^T - m) as S^T leaves the registers, with each column's max score
+// and sum of exponentials folded into colmax and colsum.
+struct ScoreEpilogue {
+    const float* m;
+    float* colmax;
+    float* colsum;
+
+    template <int MR, int NV>
+    void apply(vf (&c)[MR][NV]) const {
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; ++v) {
+            const vf ref = simd::load(m + v * W);
+            vf mx = c[0][v];
+#pragma GCC unroll 16
+            for (int r = 1; r < MR; ++r) mx = simd::max(mx, c[r][v]);
+            vf sum{};
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r) {
+                c[r][v] = simd::exp2(c[r][v] - ref);
+                sum += c[r][v];
+            }
+            simd::store(colmax + v * W, simd::max(simd::load(colmax + v * W), mx));
+            simd::store(colsum + v * W, simd::load(colsum + v * W) + sum);
+        }
+    }
+    ScoreEpilogue at(int, int n) const { return {m + n, colmax + n, colsum + n}; }
+};
 
 // One key block's online-softmax step on the scores S^T (nk x BQ, already
 // in log2 units): masks, updates the running max m and sum l, leaves the
@@ -76,16 +113,21 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     float* m = scratch(size_t(BQ), 4);
     float* l = scratch(size_t(BQ), 5);
     float* corr = scratch(size_t(BQ), 6);
+    float* colmax = scratch(size_t(BQ), 7);
+    float* colsum = scratch(size_t(BQ), 8);
+    bool have_max = false;  // every row has seen a key: m is finite
     int lo[kBlockK], hi[kBlockK];
 
     // exp(scale * s) = exp2(c * s): folding c into Q puts scores in log2 units.
+    // Rows are first gathered whole (wide loads keep many cache misses in
+    // flight), then transposed from L1.
     const float c = p.scale * kLog2e;
-    for (int r = 0; r < nq; ++r) {
-        const float* src = q0 + (i0 + r) * p.q.t;
-        for (int d = 0; d < D; ++d) Qt[d * BQ + r] = src[d] * c;
-    }
-    for (int d = 0; d < D; ++d)
+    float* Qr = scratch(size_t(BQ) * D, 9);
+    for (int r = 0; r < nq; ++r) std::memcpy(Qr + r * D, q0 + (i0 + r) * p.q.t, sizeof(float) * D);
+    for (int d = 0; d < D; ++d) {
+        for (int r = 0; r < nq; ++r) Qt[d * BQ + r] = Qr[r * D + d] * c;
         for (int r = nq; r < BQ; ++r) Qt[d * BQ + r] = 0.0f;
+    }
     std::memset(O, 0, sizeof(float) * size_t(BQ) * Dp);
     for (int r = 0; r < BQ; ++r) m[r] = -simd::kInf, l[r] = 0.0f;
     for (int j = 0; j < kBlockK; ++j)
@@ -103,13 +145,32 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
                 std::memcpy(Vp + j * Dp, v0 + (j0 + j) * p.v.t, sizeof(float) * D);
             Vb = Vp, ldv = Dp;
         }
-        // S^T = K Q^T, K read in place: its rows are the broadcast operand.
-        gemm<false>(nk, BQ, D, k0 + j0 * p.k.t, p.k.t, Qt, BQ, ST, BQ, nullptr, false);
+        const float* Kb = k0 + j0 * p.k.t;  // K read in place: its rows are broadcast
+        if (full && have_max) {
+            for (int col = 0; col < BQ; col += W) {
+                simd::store(colmax + col, splat(-simd::kInf));
+                simd::store(colsum + col, vf{});
+            }
+            gemm<false>(nk, BQ, D, Kb, p.k.t, Qt, BQ, ST, BQ, nullptr, false,
+                        ScoreEpilogue{m, colmax, colsum});
+            bool stale = false;
+            for (int r = 0; r < nq; ++r) stale |= colmax[r] > m[r] + kHeadroom;
+            if (!stale) {
+                for (int col = 0; col < BQ; col += W)
+                    simd::store(l + col, simd::load(l + col) + simd::load(colsum + col));
+                gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O, Dp, nullptr, true);
+                continue;
+            }
+        }
+        // The two-pass step: S^T = K Q^T, then max, rescale and exponentials.
+        gemm<false>(nk, BQ, D, Kb, p.k.t, Qt, BQ, ST, BQ, nullptr, false);
         if (!full)
             for (int j = 0; j < nk; ++j) key_columns(p, j0 + j, i0, nq, lo[j], hi[j]);
         online_softmax(ST, nk, BQ, full, lo, hi, m, l, corr);
         // O = O * corr + P V, with P = (S^T)^T.
         gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O, Dp, corr, true);
+        have_max = true;
+        for (int r = 0; r < nq; ++r) have_max &= m[r] != -simd::kInf;
     }
 
     for (int r = 0; r < nq; ++r) {

@@ -28,11 +28,12 @@ inline constexpr int kMaxNV = 2;
 constexpr int rows_for(int nv) { return nv >= 2 ? 4 : 6; }
 #endif
 
-// The identity epilogue. An epilogue is called as epi(r, v, x) for row r and
-// column vector v of the micro-kernel's block, and epi.at(m, n) gives the
-// epilogue for the block m rows and n columns further on.
+// The identity epilogue. An epilogue's apply(c) rewrites the finished MR x NV
+// register block c before it is stored (and may reduce it, e.g. per column),
+// and epi.at(m, n) gives the epilogue for the block m rows and n columns on.
 struct Identity {
-    vf operator()(int, int, vf x) const { return x; }
+    template <int MR, int NV>
+    void apply(vf (&)[MR][NV]) const {}
     Identity at(int, int) const { return *this; }
 };
 
@@ -43,13 +44,18 @@ inline void micro_kernel(int K, const float* __restrict A, int64_t lda, const fl
                          int64_t ldb, float* __restrict C, int64_t ldc,
                          const float* __restrict rowscale, bool accumulate, const Epi& epi) {
     vf c[MR][NV];
-    if (accumulate) {
+    if (accumulate && rowscale) {
 #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r) {
-            const vf s = simd::splat(rowscale ? rowscale[r] : 1.0f);
+            const vf s = simd::splat(rowscale[r]);
 #pragma GCC unroll 16
             for (int v = 0; v < NV; ++v) c[r][v] = simd::load(C + r * ldc + v * W) * s;
         }
+    } else if (accumulate) {
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; ++v) c[r][v] = simd::load(C + r * ldc + v * W);
     } else {
 #pragma GCC unroll 16
         for (int r = 0; r < MR; ++r)
@@ -68,10 +74,11 @@ inline void micro_kernel(int K, const float* __restrict A, int64_t lda, const fl
             for (int v = 0; v < NV; ++v) c[r][v] = simd::fma(a, bv[v], c[r][v]);
         }
     }
+    epi.template apply<MR, NV>(c);
 #pragma GCC unroll 16
     for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 16
-        for (int v = 0; v < NV; ++v) simd::store(C + r * ldc + v * W, epi(r, v, c[r][v]));
+        for (int v = 0; v < NV; ++v) simd::store(C + r * ldc + v * W, c[r][v]);
 }
 
 namespace detail {
