@@ -169,8 +169,6 @@ def test_non_finite_scale_is_a_value_error(fn, scale):
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS)
-@pytest.mark.xfail(strict=True, reason="bug: a finite float64 scale beyond float32's range becomes "
-                                       "inf in the kernels (cpp/core/params.cpp casts it unchecked)")
 def test_scale_beyond_float32_range_is_a_value_error(fn):
     with pytest.raises(ValueError, match=rf"^{fn}: scale "):
         call(fn, args_for(fn), scale=1e39)
@@ -251,9 +249,6 @@ def test_empty_shapes(backend, B, Tq, Tk, causal):
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS)
-@pytest.mark.xfail(strict=True, raises=TypeError,
-                   reason="bug: a window side beyond int64 reaches the binding and fails its "
-                          "argument conversion with nanobind's raw TypeError")
 def test_window_beyond_int64_is_unbounded(fn):
     """Any int >= -1 is a valid window side; one past every key is unbounded."""
     args = args_for(fn)
