@@ -12,7 +12,7 @@
 // Online softmax (FlashAttention-2): m = running max, l = running sum,
 // acc = running unnormalised output; divided by l once at the end. m starts
 // at -FLT_MAX, never -INFINITY, because exp(-inf - (-inf)) is NaN. A row that
-// sees no key keeps l = 0 and gets o = 0, lse = -inf.
+// sees no key gets o = 0, lse = -inf.
 //
 // Threadgroup memory: Ks + Vs = 2 * FA_TILE(HD) * HD floats
 // (hd32 8 KiB, hd64 16 KiB, hd96 12 KiB, hd128 16 KiB, hd256 16 KiB).
@@ -95,10 +95,13 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
     }
 
     if (!active) return;
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+    // Decided by the mask, not by l: a NaN or inf in the input must reach
+    // o and lse of the rows it touches (l is then NaN), as IEEE says.
+    const bool sees_keys = row_begin < row_end;
+    const float inv = sees_keys ? 1.0f / l : 0.0f;
     const fa_long oo = fa_offset(p.o.b, p.o.t, p.o.h, b, i, h);
     for (int d = 0; d < D; ++d) o[oo + d] = acc[d] * inv;
-    lse[(fa_long(b) * p.H + h) * p.Tq + i] = l > 0.0f ? m + log(l) : -INFINITY;
+    lse[(fa_long(b) * p.H + h) * p.Tq + i] = sees_keys ? m + log(l) : -INFINITY;
 }
 
 #define FA_INSTANTIATE_FWD(HD)                                                              \

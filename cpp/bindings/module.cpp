@@ -16,6 +16,7 @@
 #include "core/engine.h"
 #include "core/params.h"
 #include "core/registry.h"
+#include "cpu/peak.h"
 #include "cpu/thread_pool.h"
 
 #ifdef FLASHATTN_HAVE_METAL
@@ -124,6 +125,9 @@ NB_MODULE(_core, m) {
           nb::arg("window_right"), nb::arg("scale").none(), nb::arg("backend").none());
     m.def("set_num_threads", &cpu::set_num_threads, nb::arg("n"));
     m.def("get_num_threads", &cpu::num_threads);
+    // For the benchmark (python -m flashattn bench): GFLOP/s of FMA chains.
+    m.def("_cpu_fma_peak", &cpu::measure_fma_peak, nb::arg("seconds"), nb::arg("threads"),
+          nb::call_guard<nb::gil_scoped_release>());
 #ifdef FLASHATTN_HAVE_METAL
     bind_metal(m);
 #endif

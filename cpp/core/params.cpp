@@ -62,8 +62,9 @@ FlashParams make_params(const char* fn, const TensorView& q, const TensorView& k
                      ")");
     double scale = 1.0 / std::sqrt(double(D));
     if (opt.scale) {
-        if (!std::isfinite(*opt.scale))
-            fail(fn, "scale must be finite, got " + std::to_string(*opt.scale));
+        // The kernels compute in float32: a finite double beyond its range is inf there.
+        if (!std::isfinite(*opt.scale) || !std::isfinite(float(*opt.scale)))
+            fail(fn, "scale must be finite in float32, got " + std::to_string(*opt.scale));
         scale = *opt.scale;
     }
 

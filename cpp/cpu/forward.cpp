@@ -1,22 +1,104 @@
 // Forward pass of the cpu engine (FlashAttention-2 split): one task per
 // (batch, head, block of query rows); each walks the key blocks of its band
 // with an online softmax and writes o and lse = log(sum exp(scale * q.k)).
+//
+// Tiles are held transposed, keys x queries, so the queries of a tile run
+// along the vector lanes: the softmax statistics (max, sum, rescale) of W
+// rows are one vector and need no horizontal reductions, and K is read in
+// place as the broadcast operand of S^T = K Q^T.
+//
+// Once every row of a tile has a running max m, a key block wholly inside
+// the band takes a one-pass path: exponentials against the (possibly stale)
+// m are taken as S^T leaves the registers, and m is kept unless some score
+// exceeds it by more than kHeadroom (then the block is redone the two-pass
+// way). Probabilities up to 2^kHeadroom relative to m lose no accuracy in
+// float, and skipping the rescale saves a pass over the tile and over O.
 #include <cmath>
-#include <limits>
+#include <cstring>
 
 #include "cpu/attention.h"
+#include "cpu/gemm.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tiles.h"
 
 namespace flashattn::cpu {
 namespace {
 
-constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+using simd::splat;
+using simd::vi;
+
+constexpr float kHeadroom = 16.0f;  // log2 units
+
+// exp2(S^T - m) as S^T leaves the registers, with each column's max score
+// and sum of exponentials folded into colmax and colsum.
+struct ScoreEpilogue {
+    const float* m;
+    float* colmax;
+    float* colsum;
+
+    template <int MR, int NV>
+    void apply(vf (&c)[MR][NV]) const {
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; ++v) {
+            const vf ref = simd::load(m + v * W);
+            vf mx = c[0][v];
+#pragma GCC unroll 16
+            for (int r = 1; r < MR; ++r) mx = simd::max(mx, c[r][v]);
+            vf sum{};
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r) {
+                c[r][v] = simd::exp2(c[r][v] - ref);
+                sum += c[r][v];
+            }
+            simd::store(colmax + v * W, simd::max(simd::load(colmax + v * W), mx));
+            simd::store(colsum + v * W, simd::load(colsum + v * W) + sum);
+        }
+    }
+    ScoreEpilogue at(int, int n) const { return {m + n, colmax + n, colsum + n}; }
+};
+
+// One key block's online-softmax step on the scores S^T (nk x BQ, already
+// in log2 units): masks, updates the running max m and sum l, leaves the
+// unnormalised probabilities in S^T and the rescale of the old rows in corr.
+void online_softmax(float* ST, int nk, int BQ, bool full, const int* lo, const int* hi, float* m,
+                    float* l, float* corr) {
+    const vi lane = simd::iota();
+    const vf neg_inf = splat(-simd::kInf);
+    for (int c = 0; c < BQ; c += W) {
+        vf mx = neg_inf;
+        if (full) {
+            for (int j = 0; j < nk; ++j) mx = simd::max(mx, simd::load(ST + j * BQ + c));
+        } else {
+            const vi col = lane + c;
+            for (int j = 0; j < nk; ++j) {
+                const vi in = (col >= (vi{} + lo[j])) & (col < (vi{} + hi[j]));
+                const vf s = simd::select(in, simd::load(ST + j * BQ + c), neg_inf);
+                simd::store(ST + j * BQ + c, s);
+                mx = simd::max(mx, s);
+            }
+        }
+        const vf m_old = simd::load(m + c);
+        const vf m_new = simd::max(m_old, mx);
+        // A row that has seen no key yet keeps m = -inf; exponents use 0 so
+        // that -inf - -inf never happens.
+        const vf m_use = simd::select(m_new == neg_inf, vf{}, m_new);
+        const vf rescale = simd::exp2(m_old - m_use);
+        vf sum{};
+        for (int j = 0; j < nk; ++j) {
+            const vf e = simd::exp2(simd::load(ST + j * BQ + c) - m_use);
+            simd::store(ST + j * BQ + c, e);
+            sum += e;
+        }
+        simd::store(l + c, simd::fma(simd::load(l + c), rescale, sum));
+        simd::store(m + c, m_new);
+        simd::store(corr + c, rescale);
+    }
+}
 
 void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t h, int64_t i0,
-                   int64_t i1) {
+                   int nq, int BQ) {
     const int D = p.D;
-    const int rows = int(i1 - i0);
+    const int Dp = int(round_up(D, W));
     const int64_t hk = h / p.group;
     const float* q0 = io.q + b * p.q.b + h * p.q.h;
     const float* k0 = io.k + b * p.k.b + hk * p.k.h;
@@ -24,69 +106,82 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     float* o0 = io.o + b * p.o.b + h * p.o.h;
     float* lse0 = io.lse + (b * p.H + h) * int64_t(p.Tq);
 
-    float* Q = scratch(size_t(kBlockQ) * D, 0);
-    float* Kt = scratch(size_t(D) * kBlockK, 1);  // transposed: Kt[d, j]
-    float* V = scratch(size_t(kBlockK) * D, 2);
-    float* S = scratch(size_t(kBlockQ) * kBlockK, 3);
-    float* O = scratch(size_t(kBlockQ) * D, 4);
-    float m[kBlockQ], l[kBlockQ];
+    float* Qt = scratch(size_t(D) * BQ, 0);         // D x BQ, scaled to log2 units
+    float* Vp = scratch(size_t(kBlockK) * Dp, 1);   // keys x Dp, zero-padded
+    float* ST = scratch(size_t(kBlockK) * BQ, 2);   // keys x queries
+    float* O = scratch(size_t(BQ) * Dp, 3);
+    float* m = scratch(size_t(BQ), 4);
+    float* l = scratch(size_t(BQ), 5);
+    float* corr = scratch(size_t(BQ), 6);
+    float* colmax = scratch(size_t(BQ), 7);
+    float* colsum = scratch(size_t(BQ), 8);
+    bool have_max = false;  // every row has seen a key: m is finite
+    int lo[kBlockK], hi[kBlockK];
 
-    for (int r = 0; r < rows; ++r) {
-        const float* src = q0 + (i0 + r) * p.q.t;
-        for (int d = 0; d < D; ++d) Q[r * D + d] = src[d], O[r * D + d] = 0.0f;
-        m[r] = kNegInf;  // running max of scale * log2(e) * q.k
-        l[r] = 0.0f;
+    // exp(scale * s) = exp2(c * s): folding c into Q puts scores in log2 units.
+    // Rows are first gathered whole (wide loads keep many cache misses in
+    // flight), then transposed from L1.
+    const float c = p.scale * kLog2e;
+    float* Qr = scratch(size_t(BQ) * D, 9);
+    for (int r = 0; r < nq; ++r) std::memcpy(Qr + r * D, q0 + (i0 + r) * p.q.t, sizeof(float) * D);
+    for (int d = 0; d < D; ++d) {
+        for (int r = 0; r < nq; ++r) Qt[d * BQ + r] = Qr[r * D + d] * c;
+        for (int r = nq; r < BQ; ++r) Qt[d * BQ + r] = 0.0f;
     }
-    const float c = p.scale * kLog2e;  // exp(scale * s) = exp2(c * s)
+    std::memset(O, 0, sizeof(float) * size_t(BQ) * Dp);
+    for (int r = 0; r < BQ; ++r) m[r] = -simd::kInf, l[r] = 0.0f;
+    for (int j = 0; j < kBlockK; ++j)
+        for (int d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
 
-    const Range keys = keys_of_rows(p, i0, i1);
+    const Range keys = keys_of_rows(p, i0, i0 + nq);
     for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
         const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));
-        const bool full = block_inside_band(p, i0, i1, j0, j0 + nk);
-        for (int j = 0; j < nk; ++j) {
-            const float* ks = k0 + (j0 + j) * p.k.t;
-            const float* vs = v0 + (j0 + j) * p.v.t;
-            for (int d = 0; d < D; ++d) Kt[d * kBlockK + j] = ks[d], V[j * D + d] = vs[d];
+        const bool full = block_inside_band(p, i0, i0 + nq, j0, j0 + nk);
+        // V rows serve as the B operand in place when they need no padding.
+        const float* Vb = v0 + j0 * p.v.t;
+        int64_t ldv = p.v.t;
+        if (D != Dp) {
+            for (int j = 0; j < nk; ++j)
+                std::memcpy(Vp + j * Dp, v0 + (j0 + j) * p.v.t, sizeof(float) * D);
+            Vb = Vp, ldv = Dp;
         }
-        for (int r = 0; r < rows; ++r)
-            for (int j = 0; j < nk; ++j) S[r * kBlockK + j] = 0.0f;
-        gemm_acc(rows, nk, D, Q, D, 1, Kt, kBlockK, S, kBlockK);
-
-        for (int r = 0; r < rows; ++r) {
-            float* s = S + r * kBlockK;
-            int lo = 0, hi = nk;
-            if (!full) row_columns(p, i0 + r, j0, nk, lo, hi);
-            float mx = kNegInf;
-            for (int j = lo; j < hi; ++j) mx = std::max(mx, s[j] * c);
-            const float m_new = std::max(m[r], mx);
-            if (m_new == kNegInf) {  // this row has seen no key yet
-                for (int j = 0; j < nk; ++j) s[j] = 0.0f;
+        const float* Kb = k0 + j0 * p.k.t;  // K read in place: its rows are broadcast
+        if (full && have_max) {
+            for (int col = 0; col < BQ; col += W) {
+                simd::store(colmax + col, splat(-simd::kInf));
+                simd::store(colsum + col, vf{});
+            }
+            gemm<false>(nk, BQ, D, Kb, p.k.t, Qt, BQ, ST, BQ, nullptr, false,
+                        ScoreEpilogue{m, colmax, colsum});
+            bool stale = false;
+            for (int r = 0; r < nq; ++r) stale |= colmax[r] > m[r] + kHeadroom;
+            if (!stale) {
+                for (int col = 0; col < BQ; col += W)
+                    simd::store(l + col, simd::load(l + col) + simd::load(colsum + col));
+                gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O, Dp, nullptr, true);
                 continue;
             }
-            const float corr = std::exp2(m[r] - m_new);  // 0 when m was -inf
-            float sum = 0.0f;
-            for (int j = 0; j < nk; ++j) {
-                const float e = (j >= lo && j < hi) ? std::exp2(s[j] * c - m_new) : 0.0f;
-                s[j] = e;
-                sum += e;
-            }
-            l[r] = l[r] * corr + sum;
-            m[r] = m_new;
-            if (corr != 1.0f)
-                for (int d = 0; d < D; ++d) O[r * D + d] *= corr;
         }
-        gemm_acc(rows, D, nk, S, kBlockK, 1, V, D, O, D);
+        // The two-pass step: S^T = K Q^T, then max, rescale and exponentials.
+        gemm<false>(nk, BQ, D, Kb, p.k.t, Qt, BQ, ST, BQ, nullptr, false);
+        if (!full)
+            for (int j = 0; j < nk; ++j) key_columns(p, j0 + j, i0, nq, lo[j], hi[j]);
+        online_softmax(ST, nk, BQ, full, lo, hi, m, l, corr);
+        // O = O * corr + P V, with P = (S^T)^T.
+        gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O, Dp, corr, true);
+        have_max = true;
+        for (int r = 0; r < nq; ++r) have_max &= m[r] != -simd::kInf;
     }
 
-    for (int r = 0; r < rows; ++r) {
+    for (int r = 0; r < nq; ++r) {
         float* dst = o0 + (i0 + r) * p.o.t;
         if (l[r] > 0.0f) {
             const float inv = 1.0f / l[r];
-            for (int d = 0; d < D; ++d) dst[d] = O[r * D + d] * inv;
+            for (int d = 0; d < D; ++d) dst[d] = O[r * Dp + d] * inv;
             lse0[i0 + r] = (m[r] + std::log2(l[r])) * kLn2;
         } else {  // a row that sees no key
             for (int d = 0; d < D; ++d) dst[d] = 0.0f;
-            lse0[i0 + r] = kNegInf;
+            lse0[i0 + r] = -simd::kInf;
         }
     }
 }
@@ -94,15 +189,17 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
 }  // namespace
 
 void attention_forward(const FlashParams& p, const ForwardIO& io) {
-    const int64_t blocks = (int64_t(p.Tq) + kBlockQ - 1) / kBlockQ;
+    const int BQ = query_block(p, W);
+    const int64_t blocks = (int64_t(p.Tq) + BQ - 1) / BQ;
     const int64_t heads = int64_t(p.B) * p.H;
-    // Last query blocks first: under a causal mask they carry the most keys,
-    // and starting them early evens out the threads' finishing times.
+    // Consecutive tasks share a head, so its K and V stay in cache; within a
+    // head the last query blocks (the most keys under a causal mask) come
+    // first, so the tasks left at the end are small and threads finish together.
     parallel_for(heads * blocks, [&](int64_t t) {
-        const int64_t qb = blocks - 1 - t / heads;
-        const int64_t bh = t % heads;
-        const int64_t i0 = qb * kBlockQ;
-        forward_block(p, io, bh / p.H, bh % p.H, i0, std::min<int64_t>(i0 + kBlockQ, p.Tq));
+        const int64_t qb = blocks - 1 - t % blocks;
+        const int64_t bh = t / blocks;
+        const int64_t i0 = qb * BQ;
+        forward_block(p, io, bh / p.H, bh % p.H, i0, int(std::min<int64_t>(BQ, p.Tq - i0)), BQ);
     });
 }
 

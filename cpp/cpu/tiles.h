@@ -1,20 +1,26 @@
-// Tile-level building blocks shared by the forward and backward passes:
-// block sizes, the band of keys a block of queries sees, and the small
-// matrix products on tiles held in per-thread scratch.
+// Tile-level bookkeeping shared by the forward and backward passes: block
+// sizes, the band of keys a block of queries sees (and the reverse), and
+// aligned scratch memory.
 #pragma once
 #include <algorithm>
 #include <cstdint>
-#include <vector>
+#include <cstdlib>
+#include <memory>
+#include <new>
 
 #include "flash_params.h"
 
 namespace flashattn::cpu {
 
-constexpr int kBlockQ = 64;  // query rows per tile
-constexpr int kBlockK = 64;  // keys per tile
+// Keys per tile; query rows per tile is at most kBlockQ (fewer for short Tq)
+// and a multiple of the vector width, as queries run along vector lanes.
+constexpr int kBlockK = 64;
+constexpr int kBlockQ = 64;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // Keys [begin, end) that some row of [i0, i1) sees; rows' bands are monotone
 // in i, so the first row bounds the start and the last row the end.
@@ -35,37 +41,50 @@ inline bool block_inside_band(const FlashParams& p, int64_t i0, int64_t i1, int6
     return j0 >= fa_key_begin(i1 - 1, p.Tq, p.Tk, p.window_left) &&
            j1 <= fa_key_end(i0, p.Tq, p.Tk, p.window_right);
 }
-// The keys of row i inside the tile [j0, j0 + n), as tile columns [lo, hi).
-inline void row_columns(const FlashParams& p, int64_t i, int64_t j0, int n, int& lo, int& hi) {
-    const int64_t b = fa_key_begin(i, p.Tq, p.Tk, p.window_left) - j0;
-    const int64_t e = fa_key_end(i, p.Tq, p.Tk, p.window_right) - j0;
-    lo = int(std::clamp<int64_t>(b, 0, n));
-    hi = int(std::clamp<int64_t>(e, 0, n));
+// The query rows that see key j, as tile columns [lo, hi) of the query tile
+// starting at row i0 with nq valid rows.
+inline void key_columns(const FlashParams& p, int64_t j, int64_t i0, int nq, int& lo, int& hi) {
+    const int64_t b = fa_query_begin(j, p.Tq, p.Tk, p.window_right) - i0;
+    const int64_t e = fa_query_end(j, p.Tq, p.Tk, p.window_left) - i0;
+    lo = int(std::clamp<int64_t>(b, 0, nq));
+    hi = int(std::clamp<int64_t>(e, 0, nq));
     if (hi < lo) hi = lo;
 }
 
-// C[m, n] += sum_k A[m, k] * B[k, n] for m < M, n < N, k < K, where A[m, k]
-// is A[m * am + k * ak] (so a transposed A costs nothing) and B, C are
-// row-major with leading dimensions ldb, ldc.
-inline void gemm_acc(int M, int N, int K, const float* A, int64_t am, int64_t ak,
-                     const float* __restrict B, int64_t ldb, float* __restrict C, int64_t ldc) {
-    for (int m = 0; m < M; ++m) {
-        float* __restrict c = C + m * ldc;
-        for (int k = 0; k < K; ++k) {
-            const float a = A[m * am + k * ak];
-            const float* __restrict b = B + k * ldb;
-            for (int n = 0; n < N; ++n) c[n] += a * b[n];
-        }
-    }
+// Query rows per tile for a call: kBlockQ, or Tq rounded up to the vector
+// width when shorter (a decoding step should not pay for 64 rows).
+inline int query_block(const FlashParams& p, int width) {
+    return int(std::min<int64_t>(kBlockQ, round_up(p.Tq, width)));
 }
 
+// 64-byte aligned float memory, uninitialised.
+class AlignedBuffer {
+public:
+    AlignedBuffer() = default;
+    explicit AlignedBuffer(size_t n_floats) { resize(n_floats); }
+    void resize(size_t n_floats) {
+        if (n_floats <= size_) return;
+        void* mem = std::aligned_alloc(64, std::max<size_t>(64, round_up(n_floats * 4, 64)));
+        if (!mem) throw std::bad_alloc();
+        data_.reset(static_cast<float*>(mem));
+        size_ = n_floats;
+    }
+    float* data() const { return data_.get(); }
+
+private:
+    struct Free {
+        void operator()(float* p) const { std::free(p); }
+    };
+    std::unique_ptr<float, Free> data_;
+    size_t size_ = 0;
+};
+
 // Per-thread scratch, grown on demand and kept for the thread's life so a
-// call allocates nothing per tile.
+// call allocates nothing per tile. Slots are independent buffers.
 inline float* scratch(size_t n_floats, int slot) {
-    thread_local std::vector<float> buffers[8];
-    auto& buf = buffers[slot];
-    if (buf.size() < n_floats) buf.resize(n_floats);
-    return buf.data();
+    thread_local AlignedBuffer buffers[12];
+    buffers[slot].resize(n_floats);
+    return buffers[slot].data();
 }
 
 }  // namespace flashattn::cpu

@@ -1,13 +1,21 @@
-// How metal-sim runs a launch: one std::thread per GPU thread of a
-// threadgroup, alive for the whole launch; the threads run the threadgroups
-// one after another, meeting at a rendezvous between groups. Barriers and
-// SIMD-group functions are rendezvous among the group's (or the SIMD
-// group's) threads, so threadgroup memory is shared within a group and a
-// missing barrier is a real data race (ThreadSanitizer sees it). One launch
-// at a time in the process: threadgroup arrays are function-scope statics.
+// How metal-sim runs a launch. Threadgroups run one after another; within
+// one, every GPU thread is a CPU thread of its own, in one of two modes:
+//  - threads: one std::thread per GPU thread, alive for the whole launch,
+//    meeting at a rendezvous between groups. A missing barrier is a real
+//    data race, which ThreadSanitizer reports. Used by sanitizer builds and
+//    off Linux, or when FLASHATTN_SIM_THREADS=1.
+//  - fibers (Linux default): one ucontext fiber per GPU thread, all on the
+//    calling thread, switched at barriers and SIMD-group calls. Same
+//    rendezvous code and checks, a fraction of the cost (no kernel wake-ups),
+//    and a wait that cannot finish is reported instead of hanging.
+// Barriers and SIMD-group functions are rendezvous among the group's (or the
+// SIMD group's) threads, so threadgroup memory is shared within a group. One
+// launch at a time in the process: threadgroup arrays are function-scope
+// statics.
 #include "sim/launcher.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
@@ -15,6 +23,19 @@
 #include <thread>
 
 #include "sim/runtime.h"
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define FA_SIM_SANITIZED 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
+#define FA_SIM_SANITIZED 1
+#endif
+#endif
+// Sanitizers do not follow stack switches; macOS deprecates ucontext.
+#if defined(__linux__) && !defined(FA_SIM_SANITIZED)
+#define FA_SIM_FIBERS 1
+#include <ucontext.h>
+#endif
 
 namespace flashattn::sim {
 namespace {
@@ -24,6 +45,14 @@ namespace {
 struct Abort {};
 
 class LaunchState;
+
+// Arrivals and exits at any rendezvous: in fiber mode, a whole pass over the
+// fibers without one means they wait for each other forever.
+std::atomic<uint64_t> g_progress{0};
+
+// Blocks until `a` no longer holds `old` (futex wait, or in fiber mode by
+// switching to the other fibers). Defined after LaunchState.
+void wait_change(std::atomic<uint32_t>& a, uint32_t old);
 
 // A rendezvous of `count` threads. Each arrival carries a tag (which
 // barrier, in program order); all arrivals of one phase must carry the same
@@ -50,13 +79,13 @@ public:
         if (arrived_ == 0) tag_ = tag;
         else if (tag != tag_) diverged_ = true;
         ++arrived_;
+        g_progress.fetch_add(1, std::memory_order_relaxed);
         if (arrived_ + exited_ == count_) {
             finish(complete);
             return phase_ok_;
         }
         lock.unlock();
-        while (generation_.load(std::memory_order_acquire) == gen)
-            generation_.wait(gen, std::memory_order_acquire);
+        wait_change(generation_, gen);
         return phase_ok_;
     }
     bool arrive(uint64_t tag) {
@@ -67,6 +96,7 @@ public:
     void exit() {
         std::lock_guard<std::mutex> lock(mutex_);
         ++exited_;
+        g_progress.fetch_add(1, std::memory_order_relaxed);
         if (arrived_ > 0 && arrived_ + exited_ == count_) finish([](bool) {});
     }
 
@@ -116,6 +146,28 @@ public:
     }
 
     void run() {
+#ifdef FA_SIM_FIBERS
+        if (fibers_enabled()) {
+            run_fibers();
+        } else {
+            run_threads();
+        }
+#else
+        run_threads();
+#endif
+        if (!error_.empty()) throw std::runtime_error("metal-sim: " + kernel_.name + ": " + error_);
+    }
+
+    static bool fibers_enabled() {
+#ifdef FA_SIM_FIBERS
+        const char* env = std::getenv("FLASHATTN_SIM_THREADS");
+        return !(env && std::strcmp(env, "1") == 0);
+#else
+        return false;
+#endif
+    }
+
+    void run_threads() {
         std::vector<std::thread> workers;
         workers.reserve(threads_);
         try {
@@ -123,11 +175,11 @@ public:
         } catch (...) {
             // The started threads must not wait for the missing ones.
             fail("could not start " + std::to_string(threads_) + " threads");
+            stop_ = true;  // before any thread passes started_
         }
         started_.store(1, std::memory_order_release);
         started_.notify_all();
         for (auto& w : workers) w.join();
-        if (!error_.empty()) throw std::runtime_error("metal-sim: " + kernel_.name + ": " + error_);
     }
 
     // Runtime entry points, called from the kernel's threads.
@@ -150,6 +202,9 @@ public:
         std::lock_guard<std::mutex> lock(arrays_mutex_);
         for (const auto& a : arrays_)
             if (a.first == data) return;
+        // First use in this launch: no thread of the group has written it
+        // yet (each registers before touching it), so start it as garbage.
+        std::memset(data, 0xff, bytes);
         arrays_.emplace_back(data, bytes);
         size_t total = 0;
         for (const auto& a : arrays_) total += a.second;
@@ -165,11 +220,41 @@ public:
         unsigned tid;
         uint64_t barriers = 0;
         uint64_t simd_ops = 0;
+#ifdef FA_SIM_FIBERS
+        ucontext_t* self = nullptr;  // set in fiber mode
+        ucontext_t* scheduler = nullptr;
+        bool finished = false;
+#endif
     };
 
-private:
+#ifdef FA_SIM_FIBERS
+    // A waiting fiber hands control back to the scheduler; it resumes in
+    // the next pass, or unwinds when the group is being abandoned.
+    void yield(Ctx& c);
+#endif
 
+private:
     void work(unsigned tid);
+    // One GPU thread's part of group g: the kernel, then leaving the group.
+    void run_in_group(Ctx& ctx, const Builtins& bi, uint64_t g) {
+        ctx.barriers = 0;
+        ctx.simd_ops = 0;
+        try {
+            kernel_.run(buffers_, bi);
+        } catch (const Abort&) {
+        } catch (const std::exception& e) {
+            fail(group_name(g) + ": " + e.what());
+        }
+        barrier_.exit();
+        simd_[ctx.tid / fa_sim::kSimdWidth].sync.exit();
+    }
+#ifdef FA_SIM_FIBERS
+    void run_fibers();
+    static void fiber_entry();
+    bool aborting_ = false;
+    uint64_t fiber_group_ = 0;
+    Builtins* fiber_builtins_ = nullptr;
+#endif
 
     void fail(const std::string& why) {
         std::lock_guard<std::mutex> lock(error_mutex_);
@@ -190,6 +275,7 @@ private:
             fail(group_name(g) + ": its threads did not all reach the same " +
                  (barrier_phase_failed_ ? "threadgroup_barrier" : "SIMD-group function") +
                  " (a barrier or SIMD-group call skipped by some threads, or reached after others returned)");
+        if (failed_.load()) stop_ = true;
         std::lock_guard<std::mutex> lock(arrays_mutex_);
         for (const auto& a : arrays_) std::memset(a.first, 0xff, a.second);
         reset_group();
@@ -210,6 +296,7 @@ private:
     std::vector<SimdGroup> simd_;
     std::atomic<int> started_{0};
     std::atomic<bool> failed_{false};
+    bool stop_ = false;  // written and read only between groups
     bool barrier_phase_failed_ = false, simd_phase_failed_ = false;  // guarded by the rendezvous
     std::mutex error_mutex_, arrays_mutex_;
     std::string error_;
@@ -228,28 +315,112 @@ void LaunchState::work(unsigned tid) {
     bi.thread = tid;
     bi.lane = tid % fa_sim::kSimdWidth;
     bi.simdgroup = tid / fa_sim::kSimdWidth;
-    SimdGroup& my_simd = simd_[tid / fa_sim::kSimdWidth];
     while (started_.load(std::memory_order_acquire) == 0) started_.wait(0, std::memory_order_acquire);
     for (uint64_t g = 0; g < groups_; ++g) {
-        // failed_ only changes before the between-groups rendezvous
-        // completes, so every thread takes the same branch here.
-        if (failed_.load()) break;
+        // stop_ only changes inside the between-groups rendezvous, so every
+        // thread takes the same branch here (failed_ may change mid-group).
+        if (stop_) break;
         bi.group[0] = uint32_t(g % grid_.x);
         bi.group[1] = uint32_t(g / grid_.x % grid_.y);
         bi.group[2] = uint32_t(g / (uint64_t(grid_.x) * grid_.y));
-        ctx.barriers = 0;
-        ctx.simd_ops = 0;
-        try {
-            kernel_.run(buffers_, bi);
-        } catch (const Abort&) {
-        } catch (const std::exception& e) {
-            fail(group_name(g) + ": " + e.what());
-        }
-        barrier_.exit();
-        my_simd.sync.exit();
+        run_in_group(ctx, bi, g);
         between_.arrive(0, [&](bool) { end_group(g); });
     }
     current = nullptr;
+}
+
+#ifdef FA_SIM_FIBERS
+constexpr size_t kFiberStack = 256 * 1024;
+
+// swapcontext returns twice, as setjmp does; kept out of line so the
+// callers' locals are not at risk (and gcc's -Wclobbered stays quiet).
+[[gnu::noinline]] void switch_to(ucontext_t* from, ucontext_t* to) { swapcontext(from, to); }
+
+// A fiber that will run entry() on `stack`, then resume `link`.
+[[gnu::noinline]] void prepare_fiber(ucontext_t* fiber, char* stack, ucontext_t* link,
+                                     void (*entry)()) {
+    getcontext(fiber);
+    fiber->uc_stack.ss_sp = stack;
+    fiber->uc_stack.ss_size = kFiberStack;
+    fiber->uc_link = link;
+    makecontext(fiber, entry, 0);
+}
+
+// Fiber stacks, kept across launches (launches are serialised).
+std::vector<std::unique_ptr<char[]>>& fiber_stacks() {
+    static std::vector<std::unique_ptr<char[]>> stacks;
+    return stacks;
+}
+
+void LaunchState::yield(Ctx& c) {
+    switch_to(c.self, c.scheduler);
+    if (aborting_) throw Abort{};
+}
+
+void LaunchState::fiber_entry() {
+    Ctx& c = *current;
+    LaunchState& L = *c.launch;
+    L.run_in_group(c, L.fiber_builtins_[c.tid], L.fiber_group_);
+    c.finished = true;
+    // Returning resumes uc_link: the scheduler.
+}
+
+void LaunchState::run_fibers() {
+    auto& stacks = fiber_stacks();
+    while (stacks.size() < threads_) stacks.emplace_back(new char[kFiberStack]);
+    std::vector<ucontext_t> fibers(threads_);
+    std::vector<Ctx> ctxs(threads_, Ctx{this, 0});
+    std::vector<Builtins> builtins(threads_);
+    fiber_builtins_ = builtins.data();
+    ucontext_t scheduler;
+    for (uint64_t g = 0; g < groups_ && !stop_; ++g) {
+        fiber_group_ = g;
+        for (unsigned t = 0; t < threads_; ++t) {
+            Builtins& bi = builtins[t];
+            bi.group[0] = uint32_t(g % grid_.x);
+            bi.group[1] = uint32_t(g / grid_.x % grid_.y);
+            bi.group[2] = uint32_t(g / (uint64_t(grid_.x) * grid_.y));
+            bi.thread = t;
+            bi.lane = t % fa_sim::kSimdWidth;
+            bi.simdgroup = t / fa_sim::kSimdWidth;
+            ctxs[t] = Ctx{this, t};
+            ctxs[t].self = &fibers[t];
+            ctxs[t].scheduler = &scheduler;
+            prepare_fiber(&fibers[t], stacks[t].get(), &scheduler, &LaunchState::fiber_entry);
+        }
+        unsigned done = 0;
+        while (done < threads_) {
+            const uint64_t before = g_progress.load(std::memory_order_relaxed);
+            for (unsigned t = 0; t < threads_; ++t) {
+                if (ctxs[t].finished) continue;
+                current = &ctxs[t];
+                switch_to(&scheduler, &fibers[t]);
+                current = nullptr;
+                done += ctxs[t].finished;
+            }
+            if (done < threads_ && g_progress.load(std::memory_order_relaxed) == before) {
+                // Everyone left is waiting and nobody can arrive: in thread
+                // mode this would hang; here the waiters unwind.
+                fail(group_name(g) +
+                     ": its threads wait for each other forever (some at a threadgroup_barrier, "
+                     "others at a SIMD-group function, or at different ones)");
+                aborting_ = true;
+            }
+        }
+        aborting_ = false;
+        end_group(g);
+    }
+}
+#endif
+
+void wait_change(std::atomic<uint32_t>& a, uint32_t old) {
+#ifdef FA_SIM_FIBERS
+    if (LaunchState::Ctx* c = LaunchState::current; c && c->self) {
+        while (a.load(std::memory_order_acquire) == old) c->launch->yield(*c);
+        return;
+    }
+#endif
+    while (a.load(std::memory_order_acquire) == old) a.wait(old, std::memory_order_acquire);
 }
 
 std::mutex& launch_mutex() {
@@ -272,6 +443,8 @@ void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 
     LaunchState state(kernel, buffers, grid, group);
     state.run();
 }
+
+const char* execution_mode() { return LaunchState::fibers_enabled() ? "fibers" : "threads"; }
 
 void run_plan(const Plan& plan, const SlotPointers& slots) {
     for (const Launch& launch : plan.launches) {

@@ -18,7 +18,7 @@ struct Binding {
     bool is_value = false;
 };
 
-// The position builtins a kernel may take after its buffers, in this order:
+// The position builtins a kernel may take after its buffers: a prefix of
 // uint3 [[threadgroup_position_in_grid]], uint [[thread_index_in_threadgroup]],
 // uint [[thread_index_in_simdgroup]], uint [[simdgroup_index_in_threadgroup]].
 struct Builtins {
@@ -44,6 +44,10 @@ const Kernel* find_kernel(const std::string& name);
 // barriers (or a barrier some thread skipped by returning), a SIMD-group
 // function not called by every lane, or more than 32 KiB of threadgroup memory.
 void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 grid, Dim3 group);
+
+// "fibers" or "threads": how launches run their GPU threads (launcher.cpp).
+// Fibers on Linux unless the build has a sanitizer or FLASHATTN_SIM_THREADS=1.
+const char* execution_mode();
 
 // Runs every launch of a plan; slots[s] is the memory bound to Slot s
 // (Slot::params is taken from plan.params).

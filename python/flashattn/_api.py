@@ -60,6 +60,9 @@ def _input(fn: str, name: str, x) -> np.ndarray:
     return x if in_place else _contiguous_copy(x)
 
 
+_UNBOUNDED_SIDE = 2**62
+
+
 def _window(fn: str, window) -> tuple[int, int]:
     try:
         left, right = window
@@ -73,7 +76,8 @@ def _window(fn: str, window) -> tuple[int, int]:
                 f"{fn}: window must be a pair of ints (left, right), -1 for unbounded; "
                 f"got {window!r}"
             )
-    return int(left), int(right)
+    # Any side past every key is unbounded; clamping keeps huge ints in int64.
+    return min(int(left), _UNBOUNDED_SIDE), min(int(right), _UNBOUNDED_SIDE)
 
 
 def _scale(fn: str, scale) -> float | None:

@@ -26,6 +26,7 @@ struct Case {
     bool causal;
     int64_t left = -1, right = -1;
     int layout = 0;  // 0 contiguous, 1 padded strides (packed qkv-like), 2 reversed time axis
+    float amp = 1.0f;  // magnitude of q and k: large values make scores jump between key blocks
 };
 
 // A (B, T, heads, D) float32 array in a buffer with the strides the case asks for.
@@ -35,7 +36,8 @@ struct Array {
     int64_t B, T, Hh, D;
     int64_t sb, st, sh;
 
-    Array(int64_t B_, int64_t T_, int64_t H_, int64_t D_, int layout, std::mt19937& rng)
+    Array(int64_t B_, int64_t T_, int64_t H_, int64_t D_, int layout, std::mt19937& rng,
+          float amp = 1.0f)
         : B(B_), T(T_), Hh(H_), D(D_) {
         if (layout == 0) {
             sh = D, st = H_ * D, sb = T_ * st;
@@ -51,7 +53,7 @@ struct Array {
         for (int64_t b = 0; b < B; ++b)
             for (int64_t t = 0; t < T; ++t)
                 for (int64_t h = 0; h < Hh; ++h)
-                    for (int64_t d = 0; d < D; ++d) at(b, t, h, d) = dist(rng);
+                    for (int64_t d = 0; d < D; ++d) at(b, t, h, d) = amp * dist(rng);
     }
     float& at(int64_t b, int64_t t, int64_t h, int64_t d) {
         return buf[size_t(origin + b * sb + t * st + h * sh + d)];
@@ -170,8 +172,8 @@ struct Problem {
 
     Problem(const Case& c_, uint32_t seed)
         : c(c_),
-          q(c.B, c.Tq, c.H, c.D, c.layout, rng(seed)),
-          k(c.B, c.Tk, c.Hkv, c.D, c.layout, rng(seed + 1)),
+          q(c.B, c.Tq, c.H, c.D, c.layout, rng(seed), c.amp),
+          k(c.B, c.Tk, c.Hkv, c.D, c.layout, rng(seed + 1), c.amp),
           v(c.B, c.Tk, c.Hkv, c.D, c.layout, rng(seed + 2)),
           dout(c.B, c.Tq, c.H, c.D, c.layout, rng(seed + 3)) {
         opt.causal = c.causal;
@@ -214,10 +216,11 @@ void check_case(Engine& e, const Case& c, uint32_t seed) {
     // float32 accumulations over at most a few hundred terms: errors near 1e-6
     // of the largest value; a wrong mask or index gives errors of order one.
     const bool ok = eo < 2e-5 && el < 2e-5 && eq < 1e-4 && ek < 1e-4 && ev < 1e-4;
-    std::printf("%s B=%d Tq=%d Tk=%d H=%d Hkv=%d D=%d causal=%d window=(%lld,%lld) layout=%d  "
-                "err o %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n",
+    std::printf("%s B=%d Tq=%d Tk=%d H=%d Hkv=%d D=%d causal=%d window=(%lld,%lld) layout=%d "
+                "amp=%g  err o %.1e lse %.1e dq %.1e dk %.1e dv %.1e\n",
                 ok ? "ok  " : "FAIL", c.B, c.Tq, c.Tk, c.H, c.Hkv, c.D, int(c.causal),
-                (long long)c.left, (long long)c.right, c.layout, eo, el, eq, ek, ev);
+                (long long)c.left, (long long)c.right, c.layout, double(c.amp), eo, el, eq, ek,
+                ev);
     CHECK(ok);
     // Rows that see no key: exactly o = 0, lse = -inf, dq = 0.
     for (size_t r = 0; r < ref.lse.size(); ++r)
@@ -281,6 +284,10 @@ int main() {
         {2, 100, 130, 4, 1, 64, true, -1, -1, 2}, // negative time stride
         {1, 65, 300, 8, 2, 128, true, 200, -1, 2},
         {3, 64, 64, 2, 2, 32, false, -1, 3, 0},
+        // Scores of magnitude ~100: running maxima jump between key blocks.
+        {1, 150, 400, 2, 1, 64, false, -1, -1, 0, 4.0f},
+        {1, 300, 300, 2, 2, 48, true, -1, -1, 1, 3.0f},
+        {1, 200, 200, 2, 2, 64, false, -1, -1, 0, 0.05f},  // nearly uniform attention
     };
     uint32_t seed = 1;
     for (const Case& c : cases) check_case(*engine, c, seed += 10);

@@ -17,6 +17,7 @@
 #include "core/params.h"
 #include "core/plan.h"
 #include "engines/factories.h"
+#include "sim/launcher.h"
 
 using namespace flashattn;
 
@@ -242,6 +243,7 @@ void run_case(Engine& engine, const Case& c, uint32_t seed, bool check_repeat) {
 int main(int argc, char** argv) {
     const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
     auto engine = make_metal_sim_engine();
+    std::printf("metal-sim execution mode: %s\n", sim::execution_mode());
     CHECK(engine->name() == "metal-sim");
 
     // B, Tq, Tk, H, Hkv, D, causal, left, right, strided

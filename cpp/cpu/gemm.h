@@ -1,0 +1,147 @@
+// Register-blocked products of small tiles, the engine's only heavy loops:
+// C = epilogue((C * rowscale | 0) + A B) for tiles in L1/L2. The micro-kernel
+// keeps an MR x (NV * W) block of C in vector registers while streaming one
+// row of B and broadcasting one element of A per row, per step of k. An
+// epilogue maps each finished vector before it is stored (the softmax work of
+// the backward, done while the values are still in registers).
+#pragma once
+#include <cstdint>
+#include <utility>
+
+#include "cpu/simd.h"
+
+namespace flashattn::cpu {
+
+using simd::vf;
+using simd::W;
+
+// Column vectors per micro-kernel call, and rows for each width: about 16-24
+// accumulators, leaving registers for the B row and the broadcast.
+#if defined(__AVX512F__)
+inline constexpr int kMaxNV = 4;
+constexpr int rows_for(int nv) { return nv >= 4 ? 6 : nv == 3 ? 7 : nv == 2 ? 8 : 8; }
+#elif defined(__AVX__)
+inline constexpr int kMaxNV = 3;
+constexpr int rows_for(int nv) { return nv >= 3 ? 4 : nv == 2 ? 6 : 8; }
+#else
+inline constexpr int kMaxNV = 2;
+constexpr int rows_for(int nv) { return nv >= 2 ? 4 : 6; }
+#endif
+
+// The identity epilogue. An epilogue's apply(c) rewrites the finished MR x NV
+// register block c before it is stored (and may reduce it, e.g. per column),
+// and epi.at(m, n) gives the epilogue for the block m rows and n columns on.
+struct Identity {
+    template <int MR, int NV>
+    void apply(vf (&)[MR][NV]) const {}
+    Identity at(int, int) const { return *this; }
+};
+
+// A[r, k] is A[r * lda + k], or A[k * lda + r] when TA (a transposed tile
+// costs nothing: the element is broadcast either way).
+template <int MR, int NV, bool TA, class Epi>
+inline void micro_kernel(int K, const float* __restrict A, int64_t lda, const float* __restrict B,
+                         int64_t ldb, float* __restrict C, int64_t ldc,
+                         const float* __restrict rowscale, bool accumulate, const Epi& epi) {
+    vf c[MR][NV];
+    if (accumulate && rowscale) {
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+            const vf s = simd::splat(rowscale[r]);
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; ++v) c[r][v] = simd::load(C + r * ldc + v * W) * s;
+        }
+    } else if (accumulate) {
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; ++v) c[r][v] = simd::load(C + r * ldc + v * W);
+    } else {
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; ++v) c[r][v] = vf{};
+    }
+    for (int k = 0; k < K; ++k) {
+        const float* __restrict b = B + k * ldb;
+        vf bv[NV];
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; ++v) bv[v] = simd::load(b + v * W);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+            const vf a = simd::splat(TA ? A[k * lda + r] : A[r * lda + k]);
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; ++v) c[r][v] = simd::fma(a, bv[v], c[r][v]);
+        }
+    }
+    epi.template apply<MR, NV>(c);
+#pragma GCC unroll 16
+    for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; ++v) simd::store(C + r * ldc + v * W, c[r][v]);
+}
+
+namespace detail {
+
+template <int NV, bool TA, class Epi, int... Ms>
+inline void row_tail(int rows, std::integer_sequence<int, Ms...>, int K, const float* A,
+                     int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
+                     const float* rowscale, bool accumulate, const Epi& epi) {
+    ((rows == Ms + 1 ? micro_kernel<Ms + 1, NV, TA>(K, A, lda, B, ldb, C, ldc, rowscale,
+                                                    accumulate, epi)
+                     : void()),
+     ...);
+}
+
+template <int NV, bool TA, class Epi>
+inline void gemm_columns(int M, int K, const float* A, int64_t lda, const float* B, int64_t ldb,
+                         float* C, int64_t ldc, const float* rowscale, bool accumulate,
+                         const Epi& epi) {
+    constexpr int MR = rows_for(NV);
+    int m = 0;
+    for (; m + MR <= M; m += MR)
+        micro_kernel<MR, NV, TA>(K, TA ? A + m : A + m * lda, lda, B, ldb, C + m * ldc, ldc,
+                                 rowscale ? rowscale + m : nullptr, accumulate, epi.at(m, 0));
+    if (m < M)
+        row_tail<NV, TA>(M - m, std::make_integer_sequence<int, MR - 1>(), K,
+                         TA ? A + m : A + m * lda, lda, B, ldb, C + m * ldc, ldc,
+                         rowscale ? rowscale + m : nullptr, accumulate, epi.at(m, 0));
+}
+
+}  // namespace detail
+
+// C[M x N] = epi((accumulate ? C * rowscale : 0) + A[M x K] B[K x N]), where
+// N is a multiple of W, B and C are row-major (ldb, ldc) and rowscale (one
+// factor per row of C) may be null for 1.
+template <bool TA, class Epi = Identity>
+inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* B, int64_t ldb,
+                 float* C, int64_t ldc, const float* rowscale, bool accumulate,
+                 const Epi& epi = Epi{}) {
+    for (int n = 0; n < N; n += kMaxNV * W) {
+        const int nv = (N - n) / W < kMaxNV ? (N - n) / W : kMaxNV;
+        switch (nv) {
+#if defined(__AVX512F__)
+            case 4:
+                detail::gemm_columns<4, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
+                                            accumulate, epi.at(0, n));
+                break;
+#endif
+#if defined(__AVX__) || defined(__AVX512F__)
+            case 3:
+                detail::gemm_columns<3, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
+                                            accumulate, epi.at(0, n));
+                break;
+#endif
+            case 2:
+                detail::gemm_columns<2, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
+                                            accumulate, epi.at(0, n));
+                break;
+            default:
+                detail::gemm_columns<1, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
+                                            accumulate, epi.at(0, n));
+                break;
+        }
+    }
+}
+
+}  // namespace flashattn::cpu

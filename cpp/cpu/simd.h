@@ -1,0 +1,129 @@
+// The vector type the cpu engine's inner loops are written in: W float lanes
+// (16 with AVX-512, 8 with AVX, 4 otherwise), as GCC/Clang vector extensions
+// so every ISA shares one source; intrinsics only where they beat the
+// portable expression (fma, max, exp2 scaling).
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#if defined(__AVX512F__) || defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+// GCC 12 warns that the AVX-512 intrinsics' internal _mm512_undefined_ps()
+// "may be used uninitialized" wherever they inline: a known false positive.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+
+namespace flashattn::cpu::simd {
+
+#if defined(__AVX512F__)
+inline constexpr int W = 16;
+#elif defined(__AVX__)
+inline constexpr int W = 8;
+#else
+inline constexpr int W = 4;
+#endif
+
+typedef float vf __attribute__((vector_size(W * 4)));
+typedef int32_t vi __attribute__((vector_size(W * 4)));
+
+inline constexpr float kInf = std::numeric_limits<float>::infinity();
+
+inline vf load(const float* p) {
+    vf v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
+// (Not vf{} + x: adding +0.0 is not an identity for -0.0, so the compiler
+// would keep a real add in front of every broadcast.)
+inline vf splat(float x) {
+#if defined(__AVX512F__)
+    return _mm512_set1_ps(x);
+#elif defined(__AVX__)
+    return _mm256_set1_ps(x);
+#else
+    return vf{x, x, x, x};
+#endif
+}
+inline vf bits_to_float(vi x) { return (vf)x; }  // vector casts reinterpret bits
+inline vi float_to_bits(vf x) { return (vi)x; }
+
+// Lane-wise m ? a : b for a comparison result m (all ones or all zeros).
+inline vf select(vi m, vf a, vf b) {
+    return bits_to_float((m & float_to_bits(a)) | (~m & float_to_bits(b)));
+}
+
+inline vf fma(vf a, vf b, vf c) {
+#if defined(__AVX512F__)
+    return _mm512_fmadd_ps(a, b, c);
+#elif defined(__AVX__) && defined(__FMA__)
+    return _mm256_fmadd_ps(a, b, c);
+#else
+    return a * b + c;
+#endif
+}
+
+inline vf max(vf a, vf b) {
+#if defined(__AVX512F__)
+    return _mm512_max_ps(a, b);
+#elif defined(__AVX__)
+    return _mm256_max_ps(a, b);
+#else
+    return select(a > b, a, b);
+#endif
+}
+inline vf min(vf a, vf b) {
+#if defined(__AVX512F__)
+    return _mm512_min_ps(a, b);
+#elif defined(__AVX__)
+    return _mm256_min_ps(a, b);
+#else
+    return select(a < b, a, b);
+#endif
+}
+
+// Lane indices 0, 1, ..., W - 1.
+inline vi iota() {
+    vi v;
+    for (int i = 0; i < W; ++i) v[i] = i;
+    return v;
+}
+
+// 2^x to about 1 ulp for x <= 127 (larger x gives at most 2^128); exactly 0
+// for x <= -160 and for -inf (masked scores), so masked entries contribute
+// nothing; between, as small as float goes (denormals, then 0).
+inline vf exp2(vf x) {
+    // Relative-error least-squares fit of 2^f on [-0.5, 0.5]: error < 1e-7.
+    auto poly = [](vf f) {
+        vf p = splat(1.5337585e-4f);
+        p = fma(p, f, splat(1.3399870e-3f));
+        p = fma(p, f, splat(9.6185198e-3f));
+        p = fma(p, f, splat(5.5503290e-2f));
+        p = fma(p, f, splat(2.4022646e-1f));
+        p = fma(p, f, splat(6.9314718e-1f));
+        return fma(p, f, splat(1.0f));
+    };
+#if defined(__AVX512F__)
+    // scalef computes p * 2^n with correct underflow to denormals and 0.
+    x = min(max(x, splat(-160.0f)), splat(127.0f));
+    const vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm512_scalef_ps(poly(x - n), n);
+#else
+    x = min(max(x, splat(-127.0f)), splat(127.0f));
+    // Adding 1.5 * 2^23 rounds x to the nearest integer n, which lands in
+    // the low mantissa bits of t; n is then added to p's exponent.
+    const vf magic = splat(12582912.0f);
+    const vf t = x + magic;
+    const vf n = t - magic;
+    const vi e = (float_to_bits(t) - float_to_bits(magic)) << 23;
+    const vf r = bits_to_float(float_to_bits(poly(x - n)) + e);
+    // Below 2^-125 the exponent arithmetic would leave the normal range.
+    return bits_to_float(float_to_bits(r) & (x >= splat(-125.0f)));
+#endif
+}
+
+}  // namespace flashattn::cpu::simd

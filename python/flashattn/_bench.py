@@ -1,0 +1,404 @@
+"""`python -m flashattn bench`: the cpu engine against PyTorch's
+``scaled_dot_product_attention`` on the CPU, in one process, interleaved.
+
+For every shape, each engine runs forward, and forward + backward, once to
+warm up and then ``--repeat`` times (at least 5) in alternating order; the
+table shows the minimum (and the median) time, the GFLOP/s this gives, the
+share of an FMA peak measured in the same run, and the speedup (torch's
+minimum over ours). FLOPs: forward 4*B*H*Tq*Tk*D, halved for causal;
+backward 2.5x forward. torch's (B, H, T, D) copies are made before timing.
+
+Two more sections show what torch has no counterpart for: the cost of a
+sliding window against full causal attention at T = 16384, and the peak
+memory of a T = 65536 forward + backward (measured in a child process).
+torch is optional (``pip install 'flashattn[bench]'``); without it only the
+cpu engine's own numbers are shown. ``--plot FILE.png`` saves throughput
+against T for both engines (needs matplotlib).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+# (B, T, H, Hkv, D, causal): the shapes of the speed targets.
+SHAPES = [
+    (1, 1024, 8, 8, 64, True),
+    (1, 1024, 8, 8, 64, False),
+    (1, 4096, 8, 8, 64, True),
+    (4, 512, 8, 8, 64, True),
+    (1, 2048, 32, 8, 128, True),
+    (8, 256, 4, 4, 32, False),
+]
+PLOT_TS = [256, 512, 1024, 2048, 4096]
+WINDOW_T, WINDOW = 16384, (255, 0)
+MEMORY_T = 65536
+
+
+def forward_flops(B, Tq, Tk, H, D, causal):
+    return 4.0 * B * H * Tq * Tk * D * (0.5 if causal else 1.0)
+
+
+class Progress:
+    """One status line on stderr, rewritten in place on a terminal."""
+
+    def __init__(self, total):
+        self.total, self.done = total, 0
+        self.tty = sys.stderr.isatty()
+
+    def step(self, what):
+        self.done += 1
+        line = f"[{self.done}/{self.total}] {what}"
+        if self.tty:
+            sys.stderr.write("\r\033[K" + line)
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def note(self, what):
+        if self.tty:
+            sys.stderr.write("\r\033[K" + what)
+        else:
+            sys.stderr.write(what + "\n")
+        sys.stderr.flush()
+
+    def close(self):
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def _seconds(fn):
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+class Problem:
+    """Inputs of one shape for both engines, and the four timed calls."""
+
+    def __init__(self, B, T, H, Hkv, D, causal, window=(-1, -1), torch=None):
+        import flashattn as fa
+
+        self.fa = fa
+        self.causal, self.window = causal, window
+        rng = np.random.default_rng(0)
+        self.q = rng.standard_normal((B, T, H, D), dtype=np.float32)
+        self.k = rng.standard_normal((B, T, Hkv, D), dtype=np.float32)
+        self.v = rng.standard_normal((B, T, Hkv, D), dtype=np.float32)
+        self.do = rng.standard_normal((B, T, H, D), dtype=np.float32)
+        self.torch = torch
+        if torch is not None:
+            def t(x):
+                return torch.from_numpy(x).permute(0, 2, 1, 3).contiguous()
+
+            self.tq, self.tk, self.tv, self.tdo = t(self.q), t(self.k), t(self.v), t(self.do)
+            self.tqg = self.tq.clone().requires_grad_()
+            self.tkg = self.tk.clone().requires_grad_()
+            self.tvg = self.tv.clone().requires_grad_()
+            self.gqa = H != Hkv
+
+    def ours_forward(self):
+        self.fa.attention(self.q, self.k, self.v, causal=self.causal, window=self.window,
+                          backend="cpu")
+
+    def ours_forward_backward(self):
+        fa = self.fa
+        o, lse = fa.attention(self.q, self.k, self.v, causal=self.causal, window=self.window,
+                              return_lse=True, backend="cpu")
+        fa.attention_backward(self.do, self.q, self.k, self.v, o, lse, causal=self.causal,
+                              window=self.window, backend="cpu")
+
+    def torch_forward(self):
+        torch = self.torch
+        with torch.no_grad():
+            torch.nn.functional.scaled_dot_product_attention(
+                self.tq, self.tk, self.tv, is_causal=self.causal, enable_gqa=self.gqa)
+
+    def torch_forward_backward(self):
+        torch = self.torch
+        o = torch.nn.functional.scaled_dot_product_attention(
+            self.tqg, self.tkg, self.tvg, is_causal=self.causal, enable_gqa=self.gqa)
+        torch.autograd.grad(o, (self.tqg, self.tkg, self.tvg), self.tdo)
+
+
+def interleaved(fns, repeat, progress, label):
+    """Times each fn `repeat` times after one warm-up each, alternating the
+    order every round so that no engine always runs first."""
+    times = {name: [] for name in fns}
+    for name, fn in fns.items():
+        progress.note(f"{label}: warm-up {name}")
+        fn()
+    names = list(fns)
+    for r in range(repeat):
+        progress.note(f"{label}: run {r + 1}/{repeat}")
+        for name in (names if r % 2 == 0 else names[::-1]):
+            times[name].append(_seconds(fns[name]))
+    return times
+
+
+def fma_peak(threads):
+    from . import _core
+
+    return max(_core._cpu_fma_peak(0.3, threads) for _ in range(2))
+
+
+def shape_label(B, T, H, Hkv, D, causal):
+    return f"{B}, {T}, {H}/{Hkv}, {D}, {'causal' if causal else 'full'}"
+
+
+def run_table(args, torch, progress, peaks):
+    rows = []
+    for shape in SHAPES:
+        B, T, H, Hkv, D, causal = shape
+        label = shape_label(*shape)
+        progress.step(f"B,T,H/Hkv,D = {label}")
+        prob = Problem(*shape, torch=torch)
+        fns = {"ours fwd": prob.ours_forward, "ours fwd+bwd": prob.ours_forward_backward}
+        if torch is not None:
+            fns["torch fwd"] = prob.torch_forward
+            fns["torch fwd+bwd"] = prob.torch_forward_backward
+        times = interleaved(fns, args.repeat, progress, label)
+        fl = forward_flops(B, T, T, H, D, causal)
+        rows.append((shape, fl, times))
+        peaks.append(fma_peak(args.threads))
+    return rows
+
+
+def print_table(rows, peak, have_torch):
+    print("\nmin of the interleaved runs (median in brackets); GFLOP/s and % of peak from the min")
+    head = f"{'B, T, H/Hkv, D, mask':<28} {'pass':<8} {'flashattn ms':>20} {'GFLOP/s':>8} {'%peak':>6}"
+    if have_torch:
+        head += f" {'torch ms':>20} {'GFLOP/s':>8} {'%peak':>6} {'speedup':>8}"
+    print(head)
+    print("-" * len(head))
+    ratios = {"fwd": [], "fwd+bwd": []}
+    for shape, fl, times in rows:
+        for kind, mult in (("fwd", 1.0), ("fwd+bwd", 3.5)):
+            ours = times[f"ours {kind}"]
+            line = (f"{shape_label(*shape):<28} {kind:<8} "
+                    f"{min(ours) * 1e3:9.2f} ({statistics.median(ours) * 1e3:8.2f})"
+                    f" {mult * fl / min(ours) / 1e9:8.1f} {100 * mult * fl / min(ours) / 1e9 / peak:5.1f}%")
+            if have_torch:
+                th = times[f"torch {kind}"]
+                ratio = min(th) / min(ours)
+                ratios[kind].append(ratio)
+                line += (f" {min(th) * 1e3:9.2f} ({statistics.median(th) * 1e3:8.2f})"
+                         f" {mult * fl / min(th) / 1e9:8.1f} {100 * mult * fl / min(th) / 1e9 / peak:5.1f}%"
+                         f" {ratio:7.2f}x")
+            print(line)
+    if have_torch:
+        print()
+        for kind in ("fwd", "fwd+bwd"):
+            r = ratios[kind]
+            geo = math.exp(sum(math.log(x) for x in r) / len(r))
+            verdict = "met" if geo >= 1.3 and min(r) >= 1.1 else "NOT met"
+            print(f"speedup over torch, {kind:<8}: geometric mean {geo:.2f}x, lowest {min(r):.2f}x"
+                  f"  (target: >= 1.3x mean, >= 1.1x each: {verdict})")
+
+
+def run_window(args, progress):
+    B, H, D = 1, 8, 64
+    progress.step(f"sliding window at T={WINDOW_T}")
+    full = Problem(B, WINDOW_T, H, H, D, True)
+    win = Problem(B, WINDOW_T, H, H, D, True, window=WINDOW)
+    fns = {"full fwd": full.ours_forward, "window fwd": win.ours_forward,
+           "full fwd+bwd": full.ours_forward_backward,
+           "window fwd+bwd": win.ours_forward_backward}
+    times = interleaved(fns, args.repeat, progress, f"window T={WINDOW_T}")
+    return times
+
+
+def print_window(times):
+    print(f"\nsliding window, cpu engine: B=1, T={WINDOW_T}, H=8, D=64, causal, "
+          f"window={WINDOW} against full causal (min of the runs)")
+    for kind in ("fwd", "fwd+bwd"):
+        full, win = min(times[f"full {kind}"]), min(times[f"window {kind}"])
+        verdict = "met" if full / win >= 20 else "NOT met"
+        print(f"  {kind:<8} full {full * 1e3:10.1f} ms   window {win * 1e3:8.1f} ms   "
+              f"{full / win:6.1f}x faster  (target >= 20x: {verdict})")
+
+
+def memory_child(T, threads):
+    """Runs in a fresh process: peak RSS of one causal forward + backward
+    beyond its inputs and outputs, reported as JSON on stdout."""
+    import resource
+
+    import flashattn as fa
+
+    fa.set_num_threads(threads)
+    B, H, D = 1, 8, 64
+    rng = np.random.default_rng(0)
+    q, k, v, do = (rng.standard_normal((B, T, H, D), dtype=np.float32) for _ in range(4))
+
+    def rss_now():
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def hwm():
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        return None
+
+    base = rss_now()
+    reset = False
+    try:  # restart the high-water mark here, so that only the calls count
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        reset = True
+    except OSError:
+        pass
+    before_max = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    t0 = time.perf_counter()
+    o, lse = fa.attention(q, k, v, causal=True, return_lse=True, backend="cpu")
+    t1 = time.perf_counter()
+    dq, dk, dv = fa.attention_backward(do, q, k, v, o, lse, causal=True, backend="cpu")
+    t2 = time.perf_counter()
+    if reset and hwm() is not None:
+        peak = hwm()
+    else:  # the lifetime peak: only valid when nothing before the calls was larger
+        peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, before_max)
+    outputs = sum(x.nbytes for x in (o, lse, dq, dk, dv))
+    inputs = sum(x.nbytes for x in (q, k, v, do))
+    print(json.dumps({"base": base, "peak": peak, "inputs": inputs, "outputs": outputs,
+                      "forward_s": t1 - t0, "backward_s": t2 - t1, "reset": reset}))
+
+
+def run_memory(args, progress, fwd_rate):
+    fl = forward_flops(1, MEMORY_T, MEMORY_T, 8, 64, True)
+    eta = 3.5 * fl / fwd_rate if fwd_rate else float("nan")
+    progress.step(f"memory at T={MEMORY_T} in a child process (about {eta:.0f} s)")
+    cmd = [sys.executable, "-c",
+           "import sys, flashattn._bench as b; b.memory_child(int(sys.argv[1]), int(sys.argv[2]))",
+           str(MEMORY_T), str(args.threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def print_memory(m):
+    MiB = 1024.0 * 1024.0
+    extra = m["peak"] - m["base"] - m["outputs"]
+    naive = 8 * MEMORY_T * MEMORY_T * 4
+    fl = forward_flops(1, MEMORY_T, MEMORY_T, 8, 64, True)
+    verdict = "met" if extra < 200 * MiB else "NOT met"
+    print(f"\nmemory, cpu engine: B=1, T={MEMORY_T}, H=8, D=64, causal forward + backward "
+          f"(child process)")
+    print(f"  inputs {m['inputs'] / MiB:.0f} MiB, outputs {m['outputs'] / MiB:.0f} MiB; "
+          f"peak RSS beyond inputs and outputs: {extra / MiB:.1f} MiB "
+          f"(target < 200 MiB: {verdict}); a T x T score matrix would need "
+          f"{naive / 1024 ** 3:.0f} GiB")
+    print(f"  forward {m['forward_s']:.1f} s ({fl / m['forward_s'] / 1e9:.1f} GFLOP/s), "
+          f"backward {m['backward_s']:.1f} s ({2.5 * fl / m['backward_s'] / 1e9:.1f} GFLOP/s)"
+          + ("" if m["reset"] else "; peak from ru_maxrss (VmHWM could not be reset)"))
+
+
+def run_plot(args, torch, progress, path):
+    results = {"ours fwd": [], "ours fwd+bwd": [], "torch fwd": [], "torch fwd+bwd": []}
+    for T in PLOT_TS:
+        progress.step(f"plot: T={T}")
+        prob = Problem(1, T, 8, 8, 64, True, torch=torch)
+        fns = {"ours fwd": prob.ours_forward, "ours fwd+bwd": prob.ours_forward_backward}
+        if torch is not None:
+            fns["torch fwd"] = prob.torch_forward
+            fns["torch fwd+bwd"] = prob.torch_forward_backward
+        times = interleaved(fns, args.repeat, progress, f"plot T={T}")
+        fl = forward_flops(1, T, T, 8, 64, True)
+        for name, ts in times.items():
+            results[name].append((3.5 if "bwd" in name else 1.0) * fl / min(ts) / 1e9)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    for ax, kind in zip(axes, ("fwd", "fwd+bwd")):
+        ax.plot(PLOT_TS, results[f"ours {kind}"], "o-", label="flashattn cpu")
+        if results[f"torch {kind}"]:
+            ax.plot(PLOT_TS, results[f"torch {kind}"], "s--", label="torch SDPA")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("T (B=1, H=8, D=64, causal)")
+        ax.set_title(kind)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+    axes[0].set_ylabel("GFLOP/s")
+    fig.suptitle(f"float32, {args.threads} threads")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    return results
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashattn bench", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="threads for both engines (default: flashattn's default)")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per case (>= 5)")
+    parser.add_argument("--plot", metavar="FILE.png", help="save throughput against T")
+    parser.add_argument("--skip", default="", help="comma list of sections to skip: "
+                        "table, window, memory")
+    args = parser.parse_args(argv)
+    if args.repeat < 5:
+        parser.error("--repeat must be at least 5")
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    unknown = skip - {"table", "window", "memory"}
+    if unknown:
+        parser.error(f"--skip: unknown section(s) {sorted(unknown)}")
+
+    import flashattn as fa
+
+    if args.threads is not None:
+        fa.set_num_threads(args.threads)
+    args.threads = fa.get_num_threads()
+    try:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        torch_note = f"torch {torch.__version__} scaled_dot_product_attention"
+    except ImportError:
+        torch = None
+        torch_note = "torch not installed (pip install 'flashattn[bench]'): cpu engine only"
+
+    sections = (0 if "table" in skip else len(SHAPES)) + (0 if "window" in skip else 1) + \
+        (0 if "memory" in skip else 1) + (len(PLOT_TS) if args.plot else 0)
+    progress = Progress(sections)
+    peaks = [fma_peak(args.threads)]
+    rows = run_table(args, torch, progress, peaks) if "table" not in skip else []
+    window = run_window(args, progress) if "window" not in skip else None
+    rate = None
+    if rows:
+        shape, fl, times = rows[2]
+        rate = fl / min(times["ours fwd"])
+    memory = run_memory(args, progress, rate or 100e9) if "memory" not in skip else None
+    plot = run_plot(args, torch, progress, args.plot) if args.plot else None
+    peaks.append(fma_peak(args.threads))
+    progress.close()
+
+    peak = max(peaks)
+    print(f"flashattn {fa.__version__} cpu engine vs {torch_note}")
+    print(f"float32, {args.threads} threads, {args.repeat} timed runs per case after a warm-up, "
+          f"engines interleaved")
+    print(f"FMA peak measured in this run: {peak:.1f} GFLOP/s "
+          f"(best of {len(peaks)} measurements, lowest {min(peaks):.1f})")
+    if rows:
+        print_table(rows, peak, torch is not None)
+    if window:
+        print_window(window)
+    if memory:
+        print_memory(memory)
+    if plot:
+        print(f"\nplot saved to {args.plot}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""pytest wiring: every test that takes ``backend`` runs once per engine of
+``fa.backends()`` (engines join by name; ``metal`` carries the ``mac``
+marker), simulated engines only get the cases that fit their budget (the
+others are deselected, and pytest reports how many), and the session ends with
+the worst error ratio seen per engine and output."""
+
+from __future__ import annotations
+
+import pytest
+
+import flashattn as fa
+from helpers import WORST, Case, fits
+
+BACKENDS = fa.backends()
+
+
+def pytest_generate_tests(metafunc):
+    if "backend" in metafunc.fixturenames:
+        params = [
+            pytest.param(name, id=name, marks=[pytest.mark.mac] if name == "metal" else [])
+            for name in BACKENDS
+        ]
+        metafunc.parametrize("backend", params)
+
+
+# Engine bugs these tests found, by (test function, backend): the test runs
+# and must fail (strict xfail), so an entry has to go when its bug is fixed.
+# Reproductions are in the test named; each engine's owner fixes its own.
+KNOWN_BUGS = {
+    ("test_nan_in_a_query_row_stays_in_that_row", "cpu"):
+        "cpu: a NaN in q gives that row o = 0, lse = -inf (the NaN is dropped, the row treated "
+        "as seeing no key) instead of NaN",
+    ("test_nan_in_a_query_row_stays_in_that_row", "metal-sim"):
+        "metal kernels: a NaN in q gives o = NaN but lse = -inf (max() ignores NaN and the "
+        "l > 0 guard turns the NaN sum into -inf)",
+    ("test_nan_in_a_key_reaches_only_the_rows_that_see_it", "cpu"):
+        "cpu: rows that see a NaN key get o = 0, lse = -inf instead of NaN",
+    ("test_nan_in_a_value_reaches_only_the_rows_that_see_it", "cpu"):
+        "cpu: a NaN in v reaches rows that do not see that key (0 * NaN in the P.V block product)",
+    ("test_inf_follows_ieee_in_the_rows_it_touches", "cpu"):
+        "cpu: +-inf in v reaches rows that do not see that key (0 * inf in the P.V block "
+        "product); +inf scores are dropped like NaN ones instead of giving NaN",
+    ("test_scores_with_huge_range", "cpu"):
+        "cpu backward: P = exp2(s * scale * log2e - lse * log2e) rounds products of size ~1e5, "
+        "so dv is off by ~0.4% when scores are ~1e5 (4.4x the float32 NumPy error)",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    keep, drop = [], []
+    for item in items:
+        params = getattr(item, "callspec", None)
+        params = params.params if params else {}
+        reason = KNOWN_BUGS.get((getattr(item, "originalname", item.name), params.get("backend")))
+        if reason:
+            item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+        case = params.get("case")
+        if "backend" in params and isinstance(case, Case) and not fits(params["backend"], case):
+            drop.append(item)
+        else:
+            keep.append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+@pytest.fixture
+def restore_threads():
+    """Puts the cpu engine's thread count back after a test that changes it."""
+    n = fa.get_num_threads()
+    yield n
+    fa.set_num_threads(n)
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not WORST:
+        return
+    tr = terminalreporter
+    tr.section("worst error ratio against the float64 reference")
+    tr.write_line("ratio = engine error / max(plain float32 NumPy error, 1e-6 x magnitude); "
+                  "the limit each test allowed in brackets (xfailed tests included)")
+    order = {"o": 0, "lse": 1, "dq": 2, "dk": 3, "dv": 4}
+    for backend in sorted({b for b, _, _ in WORST}):
+        keys = sorted((k for k in WORST if k[0] == backend), key=lambda k: (k[2], order.get(k[1], 9)))
+        cells = [f"{name} {WORST[(b, name, f)]:.2f} [{f:g}]" for b, name, f in keys]
+        tr.write_line(f"  {backend:<10} " + "  ".join(cells))

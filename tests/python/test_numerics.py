@@ -1,0 +1,263 @@
+"""Numerical robustness: huge scores stay finite and as accurate as float32
+allows; a NaN or an inf stays in the rows it touches (IEEE rules there, the
+exact clean answer everywhere else); rows that see no key give o = 0,
+lse = -inf and zero, finite gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flashattn as fa
+from helpers import (FORWARD_FACTOR, GRADIENT_FACTOR, Case, assert_close_to_reference,
+                     check_backward, check_forward, inputs)
+
+
+def _reference(q, k, v, do=None, **opts):
+    """float64 and float32 reference outputs; IEEE warnings are expected here."""
+    with np.errstate(all="ignore"):
+        o64, lse64 = fa.reference.attention(q, k, v, return_lse=True, **opts)
+        o32, lse32 = fa.reference.attention(q, k, v, return_lse=True, dtype=np.float32, **opts)
+        if do is None:
+            return o64, lse64, o32, lse32
+        g64 = fa.reference.attention_backward(do, q, k, v, **opts)
+        g32 = fa.reference.attention_backward(do, q, k, v, dtype=np.float32, **opts)
+    return o64, lse64, o32, lse32, g64, g32
+
+
+# ---------------------------------------------------------------- huge scores
+
+def _huge_scores(sign, seed=30):
+    """q.k / sqrt(D) = sign * 1e5 + O(1): every score is huge, their
+    differences are ordinary, so the softmax is far from one-hot."""
+    B, Tq, Tk, H, D = 1, 37, 45, 2, 64
+    rng = np.random.default_rng(seed)
+    u = np.ones(D) / np.sqrt(D)                      # unit vector
+    c = np.sqrt(1e5 * np.sqrt(D))                   # |q| = |k| = c along u
+    q = sign * c * u + rng.standard_normal((B, Tq, H, D)) * 0.02
+    k = c * u + rng.standard_normal((B, Tk, H, D)) * 0.02
+    v = rng.standard_normal((B, Tk, H, D))
+    do = rng.standard_normal((B, Tq, H, D))
+    return tuple(x.astype(np.float32) for x in (q, k, v, do)), Case(B, Tq, Tk, H, H, D, causal=True)
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+def test_huge_scores_stay_finite_and_accurate(backend, sign):
+    """Here the error is dominated by the rounding of each score (one ulp of
+    1e5 is 0.008), and so by the order of the 64-term dot product: NumPy's
+    einsum sums with several partial sums, a sequential sum rounds more. The
+    rule is applied with its factors doubled (4 for o, lse; 6 for gradients)."""
+    (q, k, v, do), case = _huge_scores(sign)
+    _, lse64, *_ = _reference(q, k, v, **case.opts())
+    assert 0.9e5 < abs(lse64).min() and abs(lse64).max() < 1.1e5
+    o, lse = fa.attention(q, k, v, return_lse=True, backend=backend, **case.opts())
+    assert np.isfinite(o).all() and np.isfinite(lse).all()
+    o64, lse64, o32, lse32, g64, g32 = _reference(q, k, v, do, **case.opts())
+    assert_close_to_reference(o, o64, o32, factor=2 * FORWARD_FACTOR, backend=backend, name="o")
+    assert_close_to_reference(lse, lse64, lse32, factor=2 * FORWARD_FACTOR, backend=backend,
+                              name="lse")
+    grads = fa.attention_backward(do, q, k, v, o, lse, backend=backend, **case.opts())
+    magnitude = max(np.abs(g).max() for g in g64)
+    for name, got, ref, base in zip(("dq", "dk", "dv"), grads, g64, g32):
+        assert np.isfinite(got).all()
+        assert_close_to_reference(got, ref, base, factor=2 * GRADIENT_FACTOR, backend=backend,
+                                  name=name, magnitude=magnitude)
+
+
+def test_scores_with_huge_range(backend):
+    """Scores from about -1e5 to 1e5 within a row: the softmax is one-hot to
+    float precision; exp underflows for most keys and must not produce NaN.
+    dq is then a difference of nearly equal terms, dP - rowsum(dO * O), each
+    of size scale * |k| * |dP|: that sets its floor."""
+    case = Case(2, 31, 40, 4, 2, 16, window=(20, 5))
+    q, k, v, do = inputs(case, seed=31)
+    q *= 200.0
+    k *= 200.0
+    check_forward(backend, case, q, k, v)
+    o, lse = fa.attention(q, k, v, return_lse=True, backend=backend, **case.opts())
+    grads = fa.attention_backward(do, q, k, v, o, lse, backend=backend, **case.opts())
+    *_, g64, g32 = _reference(q, k, v, do, **case.opts())
+    dp = np.einsum("bqhd,bkgd->bqhk", do.astype(np.float64), v.astype(np.float64))
+    cancelling = np.abs(k).max() / np.sqrt(case.D) * np.abs(dp).max()
+    magnitude = max(cancelling, *(np.abs(g).max() for g in g64))
+    for name, got, ref, base in zip(("dq", "dk", "dv"), grads, g64, g32):
+        assert np.isfinite(got).all()
+        assert_close_to_reference(got, ref, base, factor=GRADIENT_FACTOR, backend=backend,
+                                  name=name, magnitude=magnitude)
+
+
+# --------------------------------------------------------- NaN and inf inputs
+
+CASE = Case(1, 20, 24, 4, 2, 32, causal=True, window=(9, 0))
+
+
+def _assert_rows(backend, name, got, ref64, base32, clean, factor):
+    """Outside `clean` anything goes; inside, finite and by the rule."""
+    assert np.isfinite(got[clean]).all(), f"{name}: non-finite values leaked into untouched rows"
+    assert_close_to_reference(got[clean], ref64[clean], base32[clean], factor=factor,
+                              backend=backend, name=name)
+
+
+def _row_mask_o(case, rows):
+    """Boolean mask of o's shape (B, Tq, H, D) that is True on (b, i, h) in rows."""
+    m = np.zeros((case.B, case.Tq, case.H, case.D), bool)
+    for b, i, h in rows:
+        m[b, i, h] = True
+    return m
+
+
+def test_nan_in_a_query_row_stays_in_that_row(backend):
+    case = CASE
+    q, k, v, do = inputs(case, seed=32)
+    b, i, h, d = 0, 13, 1, 5
+    q_nan = q.copy()
+    q_nan[b, i, h, d] = np.nan
+    o, lse = fa.attention(q_nan, k, v, return_lse=True, backend=backend, **case.opts())
+    assert np.isnan(o[b, i, h]).all() and np.isnan(lse[b, h, i])
+    touched = _row_mask_o(case, [(b, i, h)])
+    o64, lse64, o32, lse32 = _reference(q, k, v, **case.opts())  # the clean answer
+    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR)
+    lse_clean = np.ones(lse.shape, bool)
+    lse_clean[b, h, i] = False
+    _assert_rows(backend, "lse", lse, lse64, lse32, lse_clean, FORWARD_FACTOR)
+
+    # Backward: dq of that row is NaN; dk, dv are NaN at most for the keys
+    # the row sees (in its kv head); everything else is the clean gradient of
+    # the other rows (the clean problem with that row's do set to zero).
+    dq, dk, dv = fa.attention_backward(do, q_nan, k, v, o, lse, backend=backend, **case.opts())
+    assert np.isnan(dq[b, i, h]).any()
+    do_clean = do.copy()
+    do_clean[b, i, h] = 0
+    *_, g64, g32 = _reference(q, k, v, do_clean, **case.opts())
+    seen = fa.reference.visible_keys(case.Tq, case.Tk, **case.opts())[i]
+    kv_touched = np.zeros(k.shape, bool)
+    kv_touched[b, seen, h // (case.H // case.Hkv)] = True
+    for name, got, ref, base, clean in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, g32,
+                                           (~touched, ~kv_touched, ~kv_touched)):
+        _assert_rows(backend, name, got, ref, base, clean, GRADIENT_FACTOR)
+
+
+def _rows_seeing(case, b, j, hkv):
+    """(b, i, h) of the query rows that see key j of kv head hkv."""
+    seen = fa.reference.visible_keys(case.Tq, case.Tk, **case.opts())[:, j]
+    group = case.H // case.Hkv
+    return [(b, i, h) for i in np.flatnonzero(seen) for h in range(hkv * group, (hkv + 1) * group)]
+
+
+def test_nan_in_a_key_reaches_only_the_rows_that_see_it(backend):
+    case = CASE
+    q, k, v, _ = inputs(case, seed=33)
+    b, j, hkv, d = 0, 12, 1, 3
+    k_nan = k.copy()
+    k_nan[b, j, hkv, d] = np.nan
+    o, lse = fa.attention(q, k_nan, v, return_lse=True, backend=backend, **case.opts())
+    rows = _rows_seeing(case, b, j, hkv)
+    assert 0 < len(rows) < case.Tq * case.H  # some rows see it, some do not
+    touched = _row_mask_o(case, rows)
+    assert np.isnan(o[touched]).all()
+    o64, lse64, o32, lse32 = _reference(q, k, v, **case.opts())
+    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR)
+
+
+def test_nan_in_a_value_reaches_only_the_rows_that_see_it(backend):
+    case = CASE
+    q, k, v, _ = inputs(case, seed=34)
+    b, j, hkv, d = 0, 20, 0, 7
+    v_nan = v.copy()
+    v_nan[b, j, hkv, d] = np.nan
+    o = fa.attention(q, k, v_nan, backend=backend, **case.opts())
+    rows = _rows_seeing(case, b, j, hkv)
+    touched = np.zeros(o.shape, bool)
+    for r in rows:
+        touched[r][d] = True  # only column d: o[..., d'] never reads v[..., d]
+    assert np.isnan(o[touched]).all()
+    o64, _, o32, _ = _reference(q, k, v, **case.opts())
+    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR)
+
+
+def _ieee_row(q, k, v, case, b, i, h):
+    """o and lse of one row in float64, from the keys it sees only, with plain
+    IEEE arithmetic (inf - inf = NaN, exp(-inf) = 0): what "per IEEE, in the
+    rows it touches" means."""
+    seen = np.flatnonzero(fa.reference.visible_keys(case.Tq, case.Tk, **case.opts())[i])
+    g = h // (case.H // case.Hkv)
+    kk = k[b, seen, g].astype(np.float64)
+    vv = v[b, seen, g].astype(np.float64)
+    with np.errstate(all="ignore"):
+        s = kk @ q[b, i, h].astype(np.float64) / np.sqrt(case.D)
+        m = s.max()
+        e = np.exp(s - m)
+        o = (e[:, None] * vv).sum(axis=0) / e.sum()
+        return o, m + np.log(e.sum())
+
+
+@pytest.mark.parametrize("where", ["q", "k", "v"])
+@pytest.mark.parametrize("value", [np.inf, -np.inf])
+def test_inf_follows_ieee_in_the_rows_it_touches(backend, where, value):
+    """Rows that do not touch the inf get the clean answer; rows that do are
+    non-finite exactly where the IEEE evaluation of that row is (inf and NaN
+    alike: the order of operations may turn one into the other), and match
+    it elsewhere."""
+    case = CASE
+    q, k, v, _ = inputs(case, seed=35)
+    arrays = dict(q=q.copy(), k=k.copy(), v=v.copy())
+    b, t, hh, d = {"q": (0, 13, 1, 5), "k": (0, 12, 1, 3), "v": (0, 20, 0, 7)}[where]
+    arrays[where][b, t, hh, d] = value
+    if where == "q":
+        rows = [(b, t, hh)]
+        # The row's scores are +inf and -inf (visible keys of both signs at d):
+        # IEEE makes the whole row NaN whichever the sign of the inf.
+        seen = fa.reference.visible_keys(case.Tq, case.Tk, **case.opts())[t]
+        signs = np.sign(k[b, seen, hh // 2, d])
+        assert (signs > 0).any() and (signs < 0).any()
+    else:
+        rows = _rows_seeing(case, b, t, hh)
+        # For k: rows whose q[..., d] > 0 score +inf (NaN row), < 0 score -inf
+        # (the key drops out): both kinds occur.
+        if where == "k":
+            sign = np.sign([arrays["q"][r][d] * value for r in rows])
+            assert (sign > 0).any() and (sign < 0).any()
+    o, lse = fa.attention(arrays["q"], arrays["k"], arrays["v"], return_lse=True, backend=backend,
+                          **case.opts())
+    o64, lse64, o32, lse32 = _reference(q, k, v, **case.opts())  # the clean answer
+    touched = _row_mask_o(case, rows)
+    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR)
+    lse_clean = np.ones(lse.shape, bool)
+    for rb, ri, rh in rows:
+        lse_clean[rb, rh, ri] = False
+    _assert_rows(backend, "lse", lse, lse64, lse32, lse_clean, FORWARD_FACTOR)
+    for r in rows:
+        o_row, lse_row = _ieee_row(arrays["q"], arrays["k"], arrays["v"], case, *r)
+        got_o, got_lse = o[r], lse[r[0], r[2], r[1]]
+        np.testing.assert_array_equal(np.isfinite(got_o), np.isfinite(o_row),
+                                      err_msg=f"row {r}: non-finite o in the wrong places")
+        assert np.isfinite(got_lse) == np.isfinite(lse_row), f"row {r}: lse {got_lse}, IEEE {lse_row}"
+        fin = np.isfinite(o_row)
+        np.testing.assert_allclose(got_o[fin], o_row[fin], rtol=1e-4, atol=1e-5)
+        if np.isfinite(lse_row):
+            np.testing.assert_allclose(got_lse, lse_row, rtol=1e-5)
+
+
+# ------------------------------------------------------ rows that see no key
+
+MASKED = [
+    Case(2, 12, 5, 4, 2, 16, causal=True),           # rows 0..6 see no key
+    Case(1, 12, 5, 4, 2, 16, window=(3, 1)),         # p = i - 7: rows 0..5 see no key
+    Case(1, 9, 30, 2, 1, 8, causal=True, window=(0, 0)) ,  # every row sees one key
+]
+
+
+@pytest.mark.parametrize("case", MASKED, ids=lambda c: c.id)
+def test_rows_that_see_no_key(backend, case):
+    q, k, v, do = inputs(case, seed=36)
+    mask = fa.reference.visible_keys(case.Tq, case.Tk, **case.opts())
+    empty_rows = ~mask.any(axis=1)
+    o, lse = check_forward(backend, case, q, k, v)
+    assert np.all(o[:, empty_rows] == 0)
+    assert np.all(np.isneginf(lse[:, :, empty_rows]))
+    assert np.all(np.isfinite(lse[:, :, ~empty_rows]))
+    # The engine's own o and lse (-inf rows included) go back in: finite, and
+    # zero gradient from the rows that see nothing.
+    dq, dk, dv = check_backward(backend, case, q, k, v, do)
+    assert all(np.isfinite(g).all() for g in (dq, dk, dv))
+    assert np.all(dq[:, empty_rows] == 0)
