@@ -18,13 +18,24 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <optional>
-#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
 namespace flashattn::metal {
+
+// Thrown when a buffer cannot be had: a std::bad_alloc (MemoryError in
+// Python, as for every engine) that says how much was asked for.
+class OutOfMemory : public std::bad_alloc {
+public:
+    explicit OutOfMemory(std::string message) : message_(std::move(message)) {}
+    const char* what() const noexcept override { return message_.c_str(); }
+
+private:
+    std::string message_;
+};
 
 struct PoolStats {
     size_t page_size = 0;
@@ -69,7 +80,8 @@ public:
     // Whole pages, at least one: reuse then compares like with like, and the
     // backend is never asked for zero bytes.
     size_t round_size(size_t bytes) const {
-        if (bytes > SIZE_MAX - page_) throw std::length_error("metal buffer pool: size overflow");
+        if (bytes > SIZE_MAX - page_)
+            throw OutOfMemory("metal: cannot allocate " + std::to_string(bytes) + " bytes");
         return std::max(page_, (bytes + page_ - 1) / page_ * page_);
     }
 
@@ -178,10 +190,9 @@ private:
             handle = backend_.allocate(size);
         }
         if (!handle)
-            throw std::runtime_error("metal: could not allocate a buffer of " +
-                                     std::to_string(size) + " bytes (" +
-                                     std::to_string(stats().active_bytes) +
-                                     " bytes in use by live arrays)");
+            throw OutOfMemory("metal: could not allocate a buffer of " + std::to_string(size) +
+                              " bytes (" + std::to_string(stats().active_bytes) +
+                              " bytes in use by live arrays)");
         std::lock_guard<std::mutex> lock(mu_);
         stats_.allocations += 1;
         return handle;

@@ -27,6 +27,9 @@ struct MetalBackend {
     id<MTLDevice> device;
 
     Handle allocate(size_t bytes) const {
+        // Past the device's limit Metal's validation layer aborts instead of
+        // returning nil: refuse here, and the pool raises OutOfMemory.
+        if (bytes > device.maxBufferLength) return nil;
         return [device newBufferWithLength:bytes options:MTLResourceStorageModeShared];
     }
     void* contents(const Handle& buffer) const { return buffer.contents; }

@@ -186,7 +186,8 @@ void test_allocation_failure() {
     auto one = pool->acquire(kPage);
     CHECK(one && pool->stats().cached_bytes == 0 && pool->stats().evictions == 1);
     CHECK(pool->stats().allocations == 2 && pool->stats().reuses == 0);
-    CHECK_THROWS(std::runtime_error, "could not allocate", pool->acquire(4 * kPage));
+    CHECK_THROWS(std::bad_alloc, "could not allocate", pool->acquire(4 * kPage));
+    CHECK_THROWS(OutOfMemory, "cannot allocate", pool->acquire(SIZE_MAX - 1));
     CHECK(pool->stats().active_bytes == kPage);
 }
 
