@@ -6,13 +6,13 @@
 # there and runs here. Called by .ci/run; exits non-zero on the first failure.
 #
 # usage: tests/sanitize.sh [asan|tsan|all]     (default: all)
-# env:   FLASHATTN_SANITIZE_BUILD_ROOT  where the build dirs go (default: <repo>/build-sanitize)
+# env:   FLASHATTN_SANITIZE_BUILD_ROOT  where the build dirs go (default: <repo>/build/sanitize)
 #        FLASHATTN_SANITIZE_JOBS        parallel compile jobs (default: 2)
 #        CXX                            compiler (default: the system's c++)
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-root="${FLASHATTN_SANITIZE_BUILD_ROOT:-$repo/build-sanitize}"
+root="${FLASHATTN_SANITIZE_BUILD_ROOT:-$repo/build/sanitize}"
 jobs="${FLASHATTN_SANITIZE_JOBS:-2}"
 which="${1:-all}"
 
