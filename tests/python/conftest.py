@@ -30,9 +30,6 @@ KNOWN_BUGS = {
     ("test_nan_in_a_query_row_stays_in_that_row", "cpu"):
         "cpu: a NaN in q gives that row o = 0, lse = -inf (the NaN is dropped, the row treated "
         "as seeing no key) instead of NaN",
-    ("test_nan_in_a_query_row_stays_in_that_row", "metal-sim"):
-        "metal kernels: a NaN in q gives o = NaN but lse = -inf (max() ignores NaN and the "
-        "l > 0 guard turns the NaN sum into -inf)",
     ("test_nan_in_a_key_reaches_only_the_rows_that_see_it", "cpu"):
         "cpu: rows that see a NaN key get o = 0, lse = -inf instead of NaN",
     ("test_nan_in_a_value_reaches_only_the_rows_that_see_it", "cpu"):
