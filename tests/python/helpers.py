@@ -32,7 +32,7 @@ FLOOR = 1e-6
 # the cases whose work fits a budget (multiply-adds of q.k^T for the whole
 # call); every other engine runs every case.
 SIMULATED = {"metal-sim"}
-SIM_BUDGET = 12_000_000
+SIM_BUDGET = 150_000_000
 
 # Worst ratio seen, error / max(baseline error, floor), per (backend, output,
 # factor the test allowed): printed at the end of the session by conftest.
