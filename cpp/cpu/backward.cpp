@@ -1,17 +1,30 @@
 // Backward pass of the cpu engine, FlashAttention-2 style and deterministic
-// (no atomics): one task per (batch, kv head, chunk of key blocks) walks
-// its key blocks; for each, every query tile of the head group that sees it
+// (no atomics): one task per (batch, kv head, chunk of key blocks) walks its
+// key blocks; for each, every query tile of the head group that sees it
 // recomputes P = exp(scale * S - lse) and dS, accumulates dK and dV for the
-// block in scratch, and adds dS K into the task's own dQ partial. Partials
-// are summed in chunk order at the end; the chunking depends on the shape
-// only, so results never depend on the thread count.
+// block in scratch, and adds dS K into dQ. The first chunk adds into dq
+// itself; later chunks (there are some only when B * Hkv is too small to
+// keep the cores busy) into partials that are summed in chunk order at the
+// end. The chunking depends on the shape only, so results never depend on
+// the thread count.
 //
-// As in the forward, tiles are keys x queries with queries along the lanes.
+// Tiles are queries x keys. The key block is fixed while the query tiles go
+// by, so its operands (K^T and V^T for the scores, K for dQ) are laid out
+// once per block; each query tile is gathered, contiguous and zero-padded,
+// where it is used: O(BQ * D) copies against O(BQ * BK * D) products. Beyond
+// inputs and outputs, a call holds one float per query row, per-thread
+// tiles and the partials, which a budget bounds: memory is O(T).
+//
+// The scores are recomputed bit for bit as the forward made them (the same
+// products, scale * q times k, summed in the same order), so P rows sum to
+// what lse says even when the scores are ~1e5 and each carries a rounding
+// error far larger than the softmax can absorb; and they stay in natural
+// units until lse is subtracted, so s - lse is exact.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
-#include "core/params.h"
 #include "cpu/attention.h"
 #include "cpu/gemm.h"
 #include "cpu/thread_pool.h"
@@ -23,205 +36,293 @@ namespace {
 using simd::splat;
 using simd::vi;
 
-// Per-(batch, head, query tile) inputs prepared once, contiguous and
-// zero-padded: Q^T scaled to log2 units and scale * dO^T (D x BQ, for S^T and
-// dP^T),
-// Q and dO (BQ x Dp, for dK and dV), lse in log2 units (+inf for padding
-// and empty rows, so their probabilities are 0) and scale * rowsum(dO * O).
-// Strided rows of q and do, gathered once here instead of once per key block.
-struct Prepared {
-    int BQ, blocks, Dp;
-    size_t tile;  // floats in one D x BQ (or BQ x Dp) tile
-    AlignedBuffer qt, dot, qr, dor, lse2, delta;
-
-    size_t index(int64_t b, int64_t h, int64_t qb, int H) const {
-        return (size_t(b) * H + h) * blocks + qb;
-    }
-};
-
-void prepare(const FlashParams& p, const BackwardIO& io, Prepared& s) {
-    const int D = p.D, BQ = s.BQ;
-    const float c = p.scale * kLog2e;
-    const float scale = p.scale;
-    const int64_t heads = int64_t(p.B) * p.H;
-    parallel_for(heads * s.blocks, [&](int64_t t) {
-        const int64_t bh = t / s.blocks, qb = t % s.blocks, b = bh / p.H, h = bh % p.H;
-        const int64_t i0 = qb * BQ;
-        const int nq = int(std::min<int64_t>(BQ, p.Tq - i0));
-        const size_t at = s.index(b, h, qb, p.H);
-        float* qt = s.qt.data() + at * s.tile;
-        float* dot = s.dot.data() + at * s.tile;
-        float* qr = s.qr.data() + at * s.tile;
-        float* dor = s.dor.data() + at * s.tile;
-        const int Dp = s.Dp;
-        std::memset(qr, 0, sizeof(float) * s.tile);
-        std::memset(dor, 0, sizeof(float) * s.tile);
-        float* lse2 = s.lse2.data() + at * BQ;
-        float* delta = s.delta.data() + at * BQ;
-        const float* q0 = io.q + b * p.q.b + h * p.q.h;
-        const float* do0 = io.dout + b * p.dout.b + h * p.dout.h;
-        const float* o0 = io.o + b * p.o.b + h * p.o.h;
-        const float* lse0 = io.lse + bh * int64_t(p.Tq);
-        for (int r = 0; r < BQ; ++r) {
-            if (r >= nq) {
-                for (int d = 0; d < D; ++d) qt[d * BQ + r] = dot[d * BQ + r] = 0.0f;
-                lse2[r] = simd::kInf;
-                delta[r] = 0.0f;
-                continue;
-            }
-            const int64_t i = i0 + r;
-            const float* qs = q0 + i * p.q.t;
-            const float* ds = do0 + i * p.dout.t;
-            const float* os = o0 + i * p.o.t;
-            float acc = 0.0f;
-            for (int d = 0; d < D; ++d) {
-                qt[d * BQ + r] = qs[d] * c;
-                dot[d * BQ + r] = ds[d] * scale;
-                qr[r * Dp + d] = qs[d];
-                dor[r * Dp + d] = ds[d];
-                acc += ds[d] * os[d];
-            }
-            delta[r] = acc * scale;
-            lse2[r] = lse0[i] == -simd::kInf ? simd::kInf : lse0[i] * kLog2e;
-        }
-    });
-}
+// dQ partials of the later chunks may take this much; past it, fewer chunks.
+constexpr double kPartialBudgetBytes = 48.0 * 1024 * 1024;
 
 // The split of each (batch, kv head)'s key blocks into chunks, one task
-// each, and the query rows each chunk's dQ partial covers (whole tiles).
+// each, and the dQ rows each chunk adds to (whole query tiles).
 struct Chunk {
     int64_t kb0, kb1;    // key blocks [kb0, kb1)
     int64_t row0, row1;  // query rows [row0, row1), multiples of BQ (row1 may pass Tq)
-    int64_t offset;      // rows of the partial before this chunk's, per head
+    int64_t offset;      // rows of the partial before this chunk's, per head; -1: dq itself
 };
 
-std::vector<Chunk> plan_chunks(const FlashParams& p, int BQ, int64_t& rows_per_head) {
+struct ChunkPlan {
+    std::vector<Chunk> chunks;
+    int64_t partial_rows = 0;  // per head
+};
+
+ChunkPlan plan_chunks(const FlashParams& p, int BQ, int Dp, int64_t n_chunks) {
     const int64_t kblocks = (int64_t(p.Tk) + kBlockK - 1) / kBlockK;
     // Work of a key block: the query tiles that see it.
     std::vector<int64_t> work(size_t(kblocks), 0);
+    int64_t total = 0;
     for (int64_t kb = 0; kb < kblocks; ++kb) {
         const Range r = rows_of_keys(p, kb * kBlockK, std::min<int64_t>(kb * kBlockK + kBlockK, p.Tk));
-        if (r.begin < r.end) work[kb] = (r.end - 1) / BQ - r.begin / BQ + 1;
+        if (r.begin < r.end) work[size_t(kb)] = (r.end - 1) / BQ - r.begin / BQ + 1;
+        total += work[size_t(kb)];
     }
-    // Enough tasks to keep a few cores busy when B * Hkv is small, but no
-    // more dQ partial memory than about the size of q (or 64 Mi floats).
-    const int64_t kv_heads = int64_t(p.B) * p.Hkv;
-    int64_t chunks = std::min<int64_t>((16 + kv_heads - 1) / kv_heads, kblocks);
-    const double q_floats = double(p.B) * p.H * double(p.Tq) * round_up(p.D, W);
-    const int64_t cap = int64_t(std::max(2.0, (64.0 * 1024 * 1024) / std::max(q_floats, 1.0)));
-    chunks = std::max<int64_t>(1, std::min(chunks, cap));
-
-    int64_t total = 0;
-    for (int64_t w : work) total += w;
-    std::vector<Chunk> plan;
+    // The first chunk adds into dq in place when its rows have no padding.
+    const bool first_in_place = Dp == p.D;
+    ChunkPlan plan;
     int64_t kb = 0, done = 0;
-    rows_per_head = 0;
-    for (int64_t c = 0; c < chunks && kb < kblocks; ++c) {
-        Chunk ch{kb, kb, 0, 0, rows_per_head};
-        const int64_t target = (total * (c + 1)) / chunks;
-        while (ch.kb1 < kblocks && (done < target || ch.kb1 == ch.kb0 || c == chunks - 1)) {
-            done += work[ch.kb1];
+    for (int64_t c = 0; c < n_chunks && kb < kblocks; ++c) {
+        Chunk ch{kb, kb, 0, 0, -1};
+        const int64_t target = (total * (c + 1)) / n_chunks;
+        while (ch.kb1 < kblocks && (done < target || ch.kb1 == ch.kb0 || c == n_chunks - 1)) {
+            done += work[size_t(ch.kb1)];
             ++ch.kb1;
         }
         kb = ch.kb1;
-        const Range r = rows_of_keys(p, ch.kb0 * kBlockK,
-                                     std::min<int64_t>(ch.kb1 * kBlockK, p.Tk));
+        const Range r = rows_of_keys(p, ch.kb0 * kBlockK, std::min<int64_t>(ch.kb1 * kBlockK, p.Tk));
         if (r.begin < r.end) {
             ch.row0 = r.begin / BQ * BQ;
             ch.row1 = round_up(r.end, BQ);
         }
-        rows_per_head += ch.row1 - ch.row0;
-        plan.push_back(ch);
+        if (c > 0 || !first_in_place) {
+            ch.offset = plan.partial_rows;
+            plan.partial_rows += ch.row1 - ch.row0;
+        }
+        plan.chunks.push_back(ch);
     }
     return plan;
 }
 
-struct Context {
-    const FlashParams& p;
-    const BackwardIO& io;
-    const Prepared& prep;
-    const std::vector<Chunk>& chunks;
-    float* partial;  // (B, H, rows_per_head, Dp): each chunk's dQ rows
-    int64_t rows_per_head;
-    int Dp;
-};
+// Enough chunks to keep a few cores busy when B * Hkv is small, as long as
+// their partials fit the budget.
+ChunkPlan choose_chunks(const FlashParams& p, int BQ, int Dp) {
+    const int64_t kv_heads = int64_t(p.B) * p.Hkv;
+    const int64_t kblocks = (int64_t(p.Tk) + kBlockK - 1) / kBlockK;
+    for (int64_t n = std::min<int64_t>((16 + kv_heads - 1) / kv_heads, kblocks);; --n) {
+        ChunkPlan plan = plan_chunks(p, BQ, Dp, std::max<int64_t>(n, 1));
+        const double bytes = 4.0 * p.B * p.H * double(plan.partial_rows) * Dp;
+        if (n <= 1 || bytes <= kPartialBudgetBytes) return plan;
+    }
+}
 
-// P^T = exp2(S^T - lse2) inside the band, 0 outside, computed as each vector
-// of S^T leaves the registers. Masked: the tile crosses the band's edge, and
-// row r (key) keeps the columns (queries) [lo[r], hi[r]).
+// P = exp(S - lse) inside the band, 0 outside, computed as each vector of
+// S (already scaled) leaves the registers. Masked: the tile crosses the
+// band's edge, and row r (a query) keeps the columns (keys) [lo[r], hi[r]).
 template <bool Masked>
 struct ProbabilityEpilogue {
-    const float* lse2;  // per column, from this block's first column
-    const int* lo;      // per row, from this block's first row
+    const float* lse;  // per row; +inf for a row whose gradient is zero
+    const int* lo;     // per row
     const int* hi;
     int col0;
 
     template <int MR, int NV>
     void apply(vf (&c)[MR][NV]) const {
 #pragma GCC unroll 16
-        for (int v = 0; v < NV; ++v) {
-            const vf l2 = simd::load(lse2 + v * W);
-            const vi col = simd::iota() + (col0 + v * W);
+        for (int r = 0; r < MR; ++r) {
+            const vf l = splat(lse[r]);
 #pragma GCC unroll 16
-            for (int r = 0; r < MR; ++r) {
-                vf s = c[r][v] - l2;
-                if constexpr (Masked)
+            for (int v = 0; v < NV; ++v) {
+                vf s = (c[r][v] - l) * splat(kLog2e);
+                if constexpr (Masked) {
+                    const vi col = simd::iota() + (col0 + v * W);
                     s = simd::select((col >= (vi{} + lo[r])) & (col < (vi{} + hi[r])), s,
                                      splat(-simd::kInf));
+                }
                 c[r][v] = simd::exp2(s);
             }
         }
     }
-    ProbabilityEpilogue at(int m, int n) const {
-        return {lse2 + n, Masked ? lo + m : lo, Masked ? hi + m : hi, col0 + n};
-    }
+    ProbabilityEpilogue at(int m, int n) const { return {lse + m, lo + m, hi + m, col0 + n}; }
 };
 
-// dS^T = P^T * (dP^T - delta) as dP^T leaves the registers (the softmax
-// scale is folded into dO^T and delta beforehand).
+// dS = P * (dP - delta) as dP leaves the registers; 0 outside the band even
+// where dP is not finite.
+template <bool Masked>
 struct GradientEpilogue {
-    const float* P;  // P^T at this block's first element
+    const float* P;  // P at this block's first element
     int64_t ldp;
-    const float* delta;  // per column
+    const float* delta;  // per row
+    const int* lo;       // per row, as in ProbabilityEpilogue
+    const int* hi;
+    int col0;
 
     template <int MR, int NV>
     void apply(vf (&c)[MR][NV]) const {
 #pragma GCC unroll 16
-        for (int v = 0; v < NV; ++v) {
-            const vf dl = simd::load(delta + v * W);
+        for (int r = 0; r < MR; ++r) {
+            const vf dl = splat(delta[r]);
 #pragma GCC unroll 16
-            for (int r = 0; r < MR; ++r) c[r][v] = simd::load(P + r * ldp + v * W) * (c[r][v] - dl);
+            for (int v = 0; v < NV; ++v) {
+                vf g = simd::load(P + r * ldp + v * W) * (c[r][v] - dl);
+                if constexpr (Masked) {
+                    const vi col = simd::iota() + (col0 + v * W);
+                    g = simd::select((col >= (vi{} + lo[r])) & (col < (vi{} + hi[r])), g, vf{});
+                }
+                c[r][v] = g;
+            }
         }
     }
-    GradientEpilogue at(int m, int n) const { return {P + m * ldp + n, ldp, delta + n}; }
+    GradientEpilogue at(int m, int n) const {
+        return {P + m * ldp + n, ldp, delta + m, lo + m, hi + m, col0 + n};
+    }
 };
+
+// rowsum(dO * O) for every query row and head, (B, H, Tq).
+void row_deltas(const FlashParams& p, const BackwardIO& io, float* delta) {
+    const int64_t heads = int64_t(p.B) * p.H;
+    const int64_t rows_per_task = 256;
+    const int64_t tasks_per_head = (int64_t(p.Tq) + rows_per_task - 1) / rows_per_task;
+    parallel_for(heads * tasks_per_head, [&](int64_t t) {
+        const int64_t bh = t / tasks_per_head, b = bh / p.H, h = bh % p.H;
+        const int64_t i0 = t % tasks_per_head * rows_per_task;
+        const int64_t i1 = std::min<int64_t>(i0 + rows_per_task, p.Tq);
+        const float* do0 = io.dout + b * p.dout.b + h * p.dout.h;
+        const float* o0 = io.o + b * p.o.b + h * p.o.h;
+        for (int64_t i = i0; i < i1; ++i) {
+            const float* a = do0 + i * p.dout.t;
+            const float* c = o0 + i * p.o.t;
+            float acc[W] = {};  // W running sums: the loop vectorises
+            for (int d = 0; d < p.D; ++d) acc[d % W] += a[d] * c[d];
+            float sum = 0.0f;
+            for (float x : acc) sum += x;
+            delta[bh * p.Tq + i] = sum;
+        }
+    });
+}
+
+struct Context {
+    const FlashParams& p;
+    const BackwardIO& io;
+    const float* delta;  // (B, H, Tq)
+    float* partial;      // (B, H, partial_rows, Dp)
+    int64_t partial_rows;
+    int BQ, Dp;
+};
+
+// The key block's operands, from keys [j0, j0 + nk): K^T and V^T (D x BK,
+// zero columns past nk) for S and dP, and scale * K (nk x Dp, zero-padded)
+// for dQ.
+void lay_out_key_block(const FlashParams& p, const float* k0, const float* v0, int64_t j0, int nk,
+                       float* Kt, float* Vt, float* Kp, int Dp) {
+    const int D = p.D;
+    for (int j = 0; j < nk; ++j) {
+        const float* kr = k0 + (j0 + j) * p.k.t;
+        const float* vr = v0 + (j0 + j) * p.v.t;
+        for (int d = 0; d < D; ++d) {
+            Kt[d * kBlockK + j] = kr[d];
+            Vt[d * kBlockK + j] = vr[d];
+            Kp[j * Dp + d] = kr[d] * p.scale;
+        }
+    }
+    for (int d = 0; d < D; ++d)
+        for (int j = nk; j < kBlockK; ++j) Kt[d * kBlockK + j] = Vt[d * kBlockK + j] = 0.0f;
+}
+
+// factor * rows [i0, i0 + nq) of one head's q or do, contiguous with Dp
+// columns.
+void gather_rows(const float* src, int64_t ld, int64_t i0, int nq, int D, int Dp, float factor,
+                 float* dst) {
+    for (int r = 0; r < nq; ++r) {
+        const float* row = src + (i0 + r) * ld;
+        for (int d = 0; d < D; ++d) dst[r * Dp + d] = row[d] * factor;
+        for (int d = D; d < Dp; ++d) dst[r * Dp + d] = 0.0f;
+    }
+}
+
+// One query tile against the key block laid out in Kt, Vt, Kp: P and dS,
+// then dV += P^T dO, dK += dS^T (scale Q) and dQ += dS (scale K). Where the tile crosses the
+// band's edge, masked entries are zeros; the products skip them outright
+// when the operand they face holds an inf or NaN (0 * inf is NaN).
+struct KeyBlock {
+    const float *Kt, *Vt, *Kp;
+    int64_t j0;
+    int nk;
+    bool k_finite;
+    float *dK, *dV;
+};
+
+void query_tile(const Context& cx, const KeyBlock& kb, const float* q0, const float* do0,
+                const float* lse0, const float* delta0, int64_t i0, float* dq, int64_t ldq) {
+    const FlashParams& p = cx.p;
+    const int D = p.D, Dp = cx.Dp, BQ = cx.BQ, nk = kb.nk;
+    const int nq = int(std::min<int64_t>(BQ, p.Tq - i0));
+    const int Nk = int(round_up(nk, W));  // columns computed; those past nk are never read
+    float* Qr = scratch(size_t(BQ) * Dp, 3);
+    float* dOr = scratch(size_t(BQ) * Dp, 4);
+    float* P = scratch(size_t(BQ) * kBlockK, 5);
+    float* dS = scratch(size_t(BQ) * kBlockK, 6);
+    gather_rows(q0, p.q.t, i0, nq, D, Dp, p.scale, Qr);  // as the forward scales it
+    gather_rows(do0, p.dout.t, i0, nq, D, Dp, 1.0f, dOr);
+    float lse[kBlockQ];
+    for (int r = 0; r < nq; ++r) {
+        // A row with lse = -inf saw no key in the forward: no gradient.
+        const float l = lse0[i0 + r];
+        lse[r] = l == -simd::kInf ? simd::kInf : l;
+    }
+    const float* delta = delta0 + i0;
+    int klo[kBlockQ], khi[kBlockQ];  // per query row: the keys it sees (masked tiles)
+    int qlo[kBlockK], qhi[kBlockK];  // per key: the query rows that see it
+
+    if (block_inside_band(p, i0, i0 + nq, kb.j0, kb.j0 + nk)) {
+        gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false,
+                    ProbabilityEpilogue<false>{lse, klo, khi, 0});
+        gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false,
+                    GradientEpilogue<false>{P, kBlockK, delta, klo, khi, 0});
+        gemm<true>(nk, Dp, nq, P, kBlockK, dOr, Dp, kb.dV, Dp, nullptr, true);
+        gemm<true>(nk, Dp, nq, dS, kBlockK, Qr, Dp, kb.dK, Dp, nullptr, true);
+        gemm<false>(nq, Dp, nk, dS, kBlockK, kb.Kp, Dp, dq, ldq, nullptr, true);
+        return;
+    }
+    for (int r = 0; r < nq; ++r) row_keys(p, i0 + r, kb.j0, nk, klo[r], khi[r]);
+    for (int j = 0; j < nk; ++j) key_columns(p, kb.j0 + j, i0, nq, qlo[j], qhi[j]);
+    gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false,
+                ProbabilityEpilogue<true>{lse, klo, khi, 0});
+    gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false,
+                GradientEpilogue<true>{P, kBlockK, delta, klo, khi, 0});
+    if (all_finite(dOr, nq, D, Dp))
+        gemm<true>(nk, Dp, nq, P, kBlockK, dOr, Dp, kb.dV, Dp, nullptr, true);
+    else
+        gemm_ranged<true>(nk, Dp, qlo, qhi, P, kBlockK, dOr, Dp, kb.dV, Dp, nullptr, true);
+    if (all_finite(Qr, nq, D, Dp))
+        gemm<true>(nk, Dp, nq, dS, kBlockK, Qr, Dp, kb.dK, Dp, nullptr, true);
+    else
+        gemm_ranged<true>(nk, Dp, qlo, qhi, dS, kBlockK, Qr, Dp, kb.dK, Dp, nullptr, true);
+    if (kb.k_finite)
+        gemm<false>(nq, Dp, nk, dS, kBlockK, kb.Kp, Dp, dq, ldq, nullptr, true);
+    else
+        gemm_ranged<false>(nq, Dp, klo, khi, dS, kBlockK, kb.Kp, Dp, dq, ldq, nullptr, true);
+}
 
 void chunk_task(const Context& cx, int64_t b, int64_t hk, const Chunk& ch) {
     const FlashParams& p = cx.p;
     const BackwardIO& io = cx.io;
-    const Prepared& prep = cx.prep;
-    const int D = p.D, Dp = cx.Dp, BQ = prep.BQ;
+    const int D = p.D, Dp = cx.Dp;
     const float* k0 = io.k + b * p.k.b + hk * p.k.h;
     const float* v0 = io.v + b * p.v.b + hk * p.v.h;
     float* dk0 = io.dk + b * p.dk.b + hk * p.dk.h;
     float* dv0 = io.dv + b * p.dv.b + hk * p.dv.h;
 
-    float* Kp = scratch(size_t(kBlockK) * Dp, 0);
-    float* Vp = scratch(size_t(kBlockK) * Dp, 1);
-    float* ST = scratch(size_t(kBlockK) * BQ, 2);
-    float* dPT = scratch(size_t(kBlockK) * BQ, 3);
-    float* dK = scratch(size_t(kBlockK) * Dp, 6);
-    float* dV = scratch(size_t(kBlockK) * Dp, 7);
-    int lo[kBlockK], hi[kBlockK];
-    for (int j = 0; j < kBlockK; ++j)
-        for (int d = D; d < Dp; ++d) Kp[j * Dp + d] = Vp[j * Dp + d] = 0.0f;
+    float* Kt = scratch(size_t(D) * kBlockK, 0);
+    float* Vt = scratch(size_t(D) * kBlockK, 1);
+    float* Kp = scratch(size_t(kBlockK) * Dp, 2);
+    float* dK = scratch(size_t(kBlockK) * Dp, 7);
+    float* dV = scratch(size_t(kBlockK) * Dp, 8);
 
-    // This task's dQ partial rows, zeroed before accumulating.
-    auto partial_of = [&](int64_t h) {
-        return cx.partial + ((b * p.H + h) * cx.rows_per_head + ch.offset) * Dp;
+    // Where each head's dQ goes: rows [row0, row1) of dq itself (all of it
+    // zeroed first, as the other chunks only add), or of this chunk's partial.
+    const int64_t heads0 = hk * p.group, heads1 = heads0 + p.group;
+    auto dq_of = [&](int64_t h, int64_t& ld) -> float* {
+        if (ch.offset < 0) {
+            ld = p.dq.t;
+            return io.dq + b * p.dq.b + h * p.dq.h + ch.row0 * ld;
+        }
+        ld = Dp;
+        return cx.partial + ((b * p.H + h) * cx.partial_rows + ch.offset) * Dp;
     };
-    for (int64_t h = hk * p.group; h < (hk + 1) * p.group; ++h)
-        std::memset(partial_of(h), 0, sizeof(float) * size_t(ch.row1 - ch.row0) * Dp);
+    for (int64_t h = heads0; h < heads1; ++h) {
+        if (ch.offset < 0) {
+            float* dq = io.dq + b * p.dq.b + h * p.dq.h;
+            for (int64_t i = 0; i < p.Tq; ++i) std::memset(dq + i * p.dq.t, 0, sizeof(float) * D);
+        } else {
+            int64_t ld;
+            std::memset(dq_of(h, ld), 0, sizeof(float) * size_t(ch.row1 - ch.row0) * Dp);
+        }
+    }
 
     for (int64_t kb = ch.kb0; kb < ch.kb1; ++kb) {
         const int64_t j0 = kb * kBlockK;
@@ -230,39 +331,17 @@ void chunk_task(const Context& cx, int64_t b, int64_t hk, const Chunk& ch) {
         std::memset(dK, 0, sizeof(float) * size_t(nk) * Dp);
         std::memset(dV, 0, sizeof(float) * size_t(nk) * Dp);
         if (rows.begin < rows.end) {
-            for (int j = 0; j < nk; ++j) {
-                std::memcpy(Kp + j * Dp, k0 + (j0 + j) * p.k.t, sizeof(float) * D);
-                std::memcpy(Vp + j * Dp, v0 + (j0 + j) * p.v.t, sizeof(float) * D);
-            }
-        }
-        for (int64_t h = hk * p.group; rows.begin < rows.end && h < (hk + 1) * p.group; ++h) {
-            float* dq_part = partial_of(h);
-            for (int64_t qb = rows.begin / BQ; qb * BQ < rows.end; ++qb) {
-                const int64_t i0 = qb * BQ;
-                const int nq = int(std::min<int64_t>(BQ, p.Tq - i0));
-                const size_t at = prep.index(b, h, qb, p.H);
-                // S^T = K Q^T and dP^T = V dO^T, both keys x queries.
-                // S^T = K Q^T becomes P^T, and dP^T = V dO^T becomes dS^T, as
-                // they are computed (keys x queries).
-                const float* lse2 = prep.lse2.data() + at * BQ;
-                const float* qt = prep.qt.data() + at * prep.tile;
-                if (block_inside_band(p, i0, i0 + nq, j0, j0 + nk)) {
-                    gemm<false>(nk, BQ, D, Kp, Dp, qt, BQ, ST, BQ, nullptr, false,
-                                ProbabilityEpilogue<false>{lse2, lo, hi, 0});
-                } else {
-                    for (int j = 0; j < nk; ++j) key_columns(p, j0 + j, i0, nq, lo[j], hi[j]);
-                    gemm<false>(nk, BQ, D, Kp, Dp, qt, BQ, ST, BQ, nullptr, false,
-                                ProbabilityEpilogue<true>{lse2, lo, hi, 0});
-                }
-                gemm<false>(nk, BQ, D, Vp, Dp, prep.dot.data() + at * prep.tile, BQ, dPT, BQ,
-                            nullptr, false,
-                            GradientEpilogue{ST, BQ, prep.delta.data() + at * BQ});
-                const float* Qr = prep.qr.data() + at * prep.tile;
-                const float* dOr = prep.dor.data() + at * prep.tile;
-                gemm<false>(nk, Dp, nq, ST, BQ, dOr, Dp, dV, Dp, nullptr, true);   // dV += P^T dO
-                gemm<false>(nk, Dp, nq, dPT, BQ, Qr, Dp, dK, Dp, nullptr, true);   // dK += dS^T Q
-                gemm<true>(nq, Dp, nk, dPT, BQ, Kp, Dp, dq_part + (i0 - ch.row0) * Dp, Dp,
-                           nullptr, true);                                           // dQ += dS K
+            lay_out_key_block(p, k0, v0, j0, nk, Kt, Vt, Kp, Dp);
+            const KeyBlock block{Kt, Vt, Kp, j0, nk, all_finite(Kp, nk, D, Dp), dK, dV};
+            for (int64_t h = heads0; h < heads1; ++h) {
+                const int64_t bh = b * p.H + h;
+                const float* q0 = io.q + b * p.q.b + h * p.q.h;
+                const float* do0 = io.dout + b * p.dout.b + h * p.dout.h;
+                int64_t ldq;
+                float* dq = dq_of(h, ldq);
+                for (int64_t i0 = rows.begin / cx.BQ * cx.BQ; i0 < rows.end; i0 += cx.BQ)
+                    query_tile(cx, block, q0, do0, io.lse + bh * p.Tq, cx.delta + bh * p.Tq, i0,
+                               dq + (i0 - ch.row0) * ldq, ldq);
             }
         }
         for (int j = 0; j < nk; ++j) {
@@ -272,53 +351,50 @@ void chunk_task(const Context& cx, int64_t b, int64_t hk, const Chunk& ch) {
     }
 }
 
-}  // namespace
-
-void attention_backward(const FlashParams& p, const BackwardIO& io) {
-    Prepared prep;
-    prep.BQ = query_block(p, W);
-    prep.blocks = int((int64_t(p.Tq) + prep.BQ - 1) / prep.BQ);
-    prep.Dp = int(round_up(p.D, W));
-    prep.tile = size_t(prep.Dp) * prep.BQ;
-    const size_t tiles = size_t(p.B) * p.H * prep.blocks;
-    prep.qt.resize(tiles * prep.tile);
-    prep.dot.resize(tiles * prep.tile);
-    prep.qr.resize(tiles * prep.tile);
-    prep.dor.resize(tiles * prep.tile);
-    prep.lse2.resize(tiles * prep.BQ);
-    prep.delta.resize(tiles * prep.BQ);
-    prepare(p, io, prep);
-
-    int64_t rows_per_head = 0;
-    const std::vector<Chunk> chunks = plan_chunks(p, prep.BQ, rows_per_head);
-    const int Dp = int(round_up(p.D, W));
-    AlignedBuffer partial(size_t(p.B) * p.H * size_t(rows_per_head) * Dp);
-    const Context cx{p, io, prep, chunks, partial.data(), rows_per_head, Dp};
-
-    const int64_t kv_heads = int64_t(p.B) * p.Hkv;
-    const int64_t n_chunks = int64_t(chunks.size());
-    parallel_for(kv_heads * n_chunks, [&](int64_t t) {
-        const int64_t c = t / kv_heads, bh = t % kv_heads;
-        chunk_task(cx, bh / p.Hkv, bh % p.Hkv, chunks[size_t(c)]);
-    });
-
-    // dQ = the sum of the partials that cover each row, in chunk order.
-    const int64_t heads = int64_t(p.B) * p.H;
-    const int BQ = prep.BQ;
-    parallel_for(heads * prep.blocks, [&](int64_t t) {
-        const int64_t bh = t / prep.blocks, i0 = (t % prep.blocks) * BQ;
+// dq (in place after the first chunk, else from zero) plus every partial
+// that covers each row, in chunk order.
+void sum_partials(const Context& cx, const ChunkPlan& plan) {
+    const FlashParams& p = cx.p;
+    const int BQ = cx.BQ, Dp = cx.Dp;
+    const int64_t blocks = (int64_t(p.Tq) + BQ - 1) / BQ;
+    parallel_for(int64_t(p.B) * p.H * blocks, [&](int64_t t) {
+        const int64_t bh = t / blocks, i0 = t % blocks * BQ;
         const int nq = int(std::min<int64_t>(BQ, p.Tq - i0));
-        float* dq0 = io.dq + (bh / p.H) * p.dq.b + (bh % p.H) * p.dq.h;
+        float* dq0 = cx.io.dq + (bh / p.H) * p.dq.b + (bh % p.H) * p.dq.h;
         float* acc = scratch(size_t(BQ) * Dp, 0);
         std::memset(acc, 0, sizeof(float) * size_t(nq) * Dp);
-        for (const Chunk& ch : chunks) {
-            if (i0 < ch.row0 || i0 >= ch.row1) continue;
-            const float* src = partial.data() + (bh * rows_per_head + ch.offset + (i0 - ch.row0)) * Dp;
+        if (plan.chunks[0].offset < 0)
+            for (int r = 0; r < nq; ++r)
+                std::memcpy(acc + r * Dp, dq0 + (i0 + r) * p.dq.t, sizeof(float) * p.D);
+        for (const Chunk& ch : plan.chunks) {
+            if (ch.offset < 0 || i0 < ch.row0 || i0 >= ch.row1) continue;
+            const float* src = cx.partial + (bh * cx.partial_rows + ch.offset + (i0 - ch.row0)) * Dp;
             for (int64_t x = 0; x < int64_t(nq) * Dp; ++x) acc[x] += src[x];
         }
         for (int r = 0; r < nq; ++r)
             std::memcpy(dq0 + (i0 + r) * p.dq.t, acc + r * Dp, sizeof(float) * p.D);
     });
+}
+
+}  // namespace
+
+void attention_backward(const FlashParams& p, const BackwardIO& io) {
+    const int BQ = query_block(p, W);
+    const int Dp = int(round_up(p.D, W));
+    AlignedBuffer delta(size_t(p.B) * p.H * size_t(p.Tq));
+    row_deltas(p, io, delta.data());
+
+    const ChunkPlan plan = choose_chunks(p, BQ, Dp);
+    AlignedBuffer partial(size_t(p.B) * p.H * size_t(plan.partial_rows) * Dp);
+    const Context cx{p, io, delta.data(), partial.data(), plan.partial_rows, BQ, Dp};
+
+    const int64_t kv_heads = int64_t(p.B) * p.Hkv;
+    const int64_t n_chunks = int64_t(plan.chunks.size());
+    parallel_for(kv_heads * n_chunks, [&](int64_t t) {
+        const int64_t c = t / kv_heads, bh = t % kv_heads;
+        chunk_task(cx, bh / p.Hkv, bh % p.Hkv, plan.chunks[size_t(c)]);
+    });
+    if (plan.partial_rows > 0) sum_partials(cx, plan);
 }
 
 }  // namespace flashattn::cpu

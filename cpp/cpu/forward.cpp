@@ -27,9 +27,9 @@ namespace {
 using simd::splat;
 using simd::vi;
 
-constexpr float kHeadroom = 16.0f;  // log2 units
+constexpr float kHeadroom = 11.0f;  // e^11: about 2^16
 
-// exp2(S^T - m) as S^T leaves the registers, with each column's max score
+// exp(S^T - m) as S^T leaves the registers, with each column's max score
 // and sum of exponentials folded into colmax and colsum.
 struct ScoreEpilogue {
     const float* m;
@@ -47,7 +47,7 @@ struct ScoreEpilogue {
             vf sum{};
 #pragma GCC unroll 16
             for (int r = 0; r < MR; ++r) {
-                c[r][v] = simd::exp2(c[r][v] - ref);
+                c[r][v] = simd::exp2((c[r][v] - ref) * splat(kLog2e));
                 sum += c[r][v];
             }
             simd::store(colmax + v * W, simd::max(simd::load(colmax + v * W), mx));
@@ -58,7 +58,7 @@ struct ScoreEpilogue {
 };
 
 // One key block's online-softmax step on the scores S^T (nk x BQ, already
-// in log2 units): masks, updates the running max m and sum l, leaves the
+// scaled): masks, updates the running max m and sum l, leaves the
 // unnormalised probabilities in S^T and the rescale of the old rows in corr.
 void online_softmax(float* ST, int nk, int BQ, bool full, const int* lo, const int* hi, float* m,
                     float* l, float* corr) {
@@ -82,10 +82,10 @@ void online_softmax(float* ST, int nk, int BQ, bool full, const int* lo, const i
         // A row that has seen no key yet keeps m = -inf; exponents use 0 so
         // that -inf - -inf never happens.
         const vf m_use = simd::select(m_new == neg_inf, vf{}, m_new);
-        const vf rescale = simd::exp2(m_old - m_use);
+        const vf rescale = simd::exp2((m_old - m_use) * splat(kLog2e));
         vf sum{};
         for (int j = 0; j < nk; ++j) {
-            const vf e = simd::exp2(simd::load(ST + j * BQ + c) - m_use);
+            const vf e = simd::exp2((simd::load(ST + j * BQ + c) - m_use) * splat(kLog2e));
             simd::store(ST + j * BQ + c, e);
             sum += e;
         }
@@ -106,7 +106,7 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     float* o0 = io.o + b * p.o.b + h * p.o.h;
     float* lse0 = io.lse + (b * p.H + h) * int64_t(p.Tq);
 
-    float* Qt = scratch(size_t(D) * BQ, 0);         // D x BQ, scaled to log2 units
+    float* Qt = scratch(size_t(D) * BQ, 0);         // D x BQ, scaled
     float* Vp = scratch(size_t(kBlockK) * Dp, 1);   // keys x Dp, zero-padded
     float* ST = scratch(size_t(kBlockK) * BQ, 2);   // keys x queries
     float* O = scratch(size_t(BQ) * Dp, 3);
@@ -118,10 +118,11 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     bool have_max = false;  // every row has seen a key: m is finite
     int lo[kBlockK], hi[kBlockK];
 
-    // exp(scale * s) = exp2(c * s): folding c into Q puts scores in log2 units.
-    // Rows are first gathered whole (wide loads keep many cache misses in
-    // flight), then transposed from L1.
-    const float c = p.scale * kLog2e;
+    // Scores stay in natural units, scale * q times k (the backward
+    // recomputes them bit for bit), until m is subtracted: s - m is exact
+    // however large both are. Rows are first gathered whole (wide loads keep
+    // many cache misses in flight), then transposed from L1.
+    const float c = p.scale;
     float* Qr = scratch(size_t(BQ) * D, 9);
     for (int r = 0; r < nq; ++r) std::memcpy(Qr + r * D, q0 + (i0 + r) * p.q.t, sizeof(float) * D);
     for (int d = 0; d < D; ++d) {
@@ -167,18 +168,27 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
         if (!full)
             for (int j = 0; j < nk; ++j) key_columns(p, j0 + j, i0, nq, lo[j], hi[j]);
         online_softmax(ST, nk, BQ, full, lo, hi, m, l, corr);
-        // O = O * corr + P V, with P = (S^T)^T.
-        gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O, Dp, corr, true);
+        // O = O * corr + P V, with P = (S^T)^T. A masked P entry is 0, and 0
+        // times an inf or NaN in V would reach a row that does not see it.
+        if (full || all_finite(Vb, nk, D, ldv)) {
+            gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O, Dp, corr, true);
+        } else {
+            int klo[kBlockQ], khi[kBlockQ];
+            for (int r = 0; r < nq; ++r) row_keys(p, i0 + r, j0, nk, klo[r], khi[r]);
+            gemm_ranged<true>(nq, Dp, klo, khi, ST, BQ, Vb, ldv, O, Dp, corr, true);
+        }
         have_max = true;
         for (int r = 0; r < nq; ++r) have_max &= m[r] != -simd::kInf;
     }
 
     for (int r = 0; r < nq; ++r) {
         float* dst = o0 + (i0 + r) * p.o.t;
-        if (l[r] > 0.0f) {
+        // Geometry, not l, decides: a NaN or inf makes l NaN, and that row's
+        // output must say so.
+        if (row_sees_keys(p, i0 + r)) {
             const float inv = 1.0f / l[r];
             for (int d = 0; d < D; ++d) dst[d] = O[r * Dp + d] * inv;
-            lse0[i0 + r] = (m[r] + std::log2(l[r])) * kLn2;
+            lse0[i0 + r] = m[r] + std::log(l[r]);
         } else {  // a row that sees no key
             for (int d = 0; d < D; ++d) dst[d] = 0.0f;
             lse0[i0 + r] = -simd::kInf;

@@ -144,4 +144,20 @@ inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* 
     }
 }
 
+// gemm without an epilogue in which row r of C contracts over its own range
+// [lo[r], hi[r]) of K only. Where the entries of A outside the ranges are
+// masked zeros, this is the same product, except that an inf or NaN in B
+// facing a masked zero stays out of C (0 * inf would be NaN). Slow (one row
+// at a time): for the rare tiles that hold such values.
+template <bool TA>
+inline void gemm_ranged(int M, int N, const int* lo, const int* hi, const float* A, int64_t lda,
+                        const float* B, int64_t ldb, float* C, int64_t ldc,
+                        const float* rowscale, bool accumulate) {
+    for (int r = 0; r < M; ++r) {
+        const int k0 = lo[r], k1 = hi[r] > lo[r] ? hi[r] : lo[r];
+        gemm<TA>(1, N, k1 - k0, TA ? A + k0 * lda + r : A + r * lda + k0, lda, B + k0 * ldb,
+                 ldb, C + r * ldc, ldc, rowscale ? rowscale + r : nullptr, accumulate);
+    }
+}
+
 }  // namespace flashattn::cpu

@@ -12,9 +12,11 @@
 #endif
 
 // GCC 12 warns that the AVX-512 intrinsics' internal _mm512_undefined_ps()
-// "may be used uninitialized" wherever they inline: a known false positive.
+// "may be used uninitialized" (or "is used uninitialized") wherever they
+// inline: a known false positive.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
 namespace flashattn::cpu::simd {
@@ -93,10 +95,13 @@ inline vi iota() {
     return v;
 }
 
-// 2^x to about 1 ulp for x <= 127 (larger x gives at most 2^128); exactly 0
-// for x <= -160 and for -inf (masked scores), so masked entries contribute
-// nothing; between, as small as float goes (denormals, then 0).
+// 2^x to about 1 ulp for x <= 127 (up to 128 it gives at most 2^128); exactly
+// 0 for x <= -160 and for -inf (masked scores), so masked entries contribute
+// nothing; between, as small as float goes (denormals, then 0). IEEE at the
+// ends: NaN stays NaN and x >= 128 (+inf included) gives +inf, so a NaN or
+// inf score reaches its row's output instead of vanishing.
 inline vf exp2(vf x) {
+    const vf in = x;
     // Relative-error least-squares fit of 2^f on [-0.5, 0.5]: error < 1e-7.
     auto poly = [](vf f) {
         vf p = splat(1.5337585e-4f);
@@ -111,7 +116,7 @@ inline vf exp2(vf x) {
     // scalef computes p * 2^n with correct underflow to denormals and 0.
     x = min(max(x, splat(-160.0f)), splat(127.0f));
     const vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    return _mm512_scalef_ps(poly(x - n), n);
+    const vf r = _mm512_scalef_ps(poly(x - n), n);
 #else
     x = min(max(x, splat(-127.0f)), splat(127.0f));
     // Adding 1.5 * 2^23 rounds x to the nearest integer n, which lands in
@@ -120,10 +125,12 @@ inline vf exp2(vf x) {
     const vf t = x + magic;
     const vf n = t - magic;
     const vi e = (float_to_bits(t) - float_to_bits(magic)) << 23;
-    const vf r = bits_to_float(float_to_bits(poly(x - n)) + e);
+    vf r = bits_to_float(float_to_bits(poly(x - n)) + e);
     // Below 2^-125 the exponent arithmetic would leave the normal range.
-    return bits_to_float(float_to_bits(r) & (x >= splat(-125.0f)));
+    r = bits_to_float(float_to_bits(r) & (x >= splat(-125.0f)));
 #endif
+    // The clamps above dropped NaN and +inf: in + inf restores both.
+    return select(in < splat(128.0f), r, in + splat(kInf));
 }
 
 }  // namespace flashattn::cpu::simd

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <new>
 
@@ -18,7 +19,6 @@ constexpr int kBlockK = 64;
 constexpr int kBlockQ = 64;
 
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -49,6 +49,35 @@ inline void key_columns(const FlashParams& p, int64_t j, int64_t i0, int nq, int
     lo = int(std::clamp<int64_t>(b, 0, nq));
     hi = int(std::clamp<int64_t>(e, 0, nq));
     if (hi < lo) hi = lo;
+}
+
+// The keys that query row i sees, as tile rows [lo, hi) of the key block
+// starting at key j0 with nk keys.
+inline void row_keys(const FlashParams& p, int64_t i, int64_t j0, int nk, int& lo, int& hi) {
+    const int64_t b = fa_key_begin(i, p.Tq, p.Tk, p.window_left) - j0;
+    const int64_t e = fa_key_end(i, p.Tq, p.Tk, p.window_right) - j0;
+    lo = int(std::clamp<int64_t>(b, 0, nk));
+    hi = int(std::clamp<int64_t>(e, 0, nk));
+    if (hi < lo) hi = lo;
+}
+// True when query row i sees at least one key.
+inline bool row_sees_keys(const FlashParams& p, int64_t i) {
+    return fa_key_begin(i, p.Tq, p.Tk, p.window_left) < fa_key_end(i, p.Tq, p.Tk, p.window_right);
+}
+
+// True when no element of the rows x cols block (row stride ld) is inf or
+// NaN: masked tiles then need no care for 0 * inf.
+inline bool all_finite(const float* x, int rows, int cols, int64_t ld) {
+    uint32_t bad = 0;
+    for (int r = 0; r < rows; ++r) {
+        const float* row = x + r * ld;
+        for (int c = 0; c < cols; ++c) {
+            uint32_t bits;
+            std::memcpy(&bits, row + c, sizeof bits);
+            bad |= uint32_t((bits & 0x7f800000u) == 0x7f800000u);  // exponent all ones
+        }
+    }
+    return bad == 0;
 }
 
 // Query rows per tile for a call: kBlockQ, or Tq rounded up to the vector

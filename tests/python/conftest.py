@@ -26,20 +26,7 @@ def pytest_generate_tests(metafunc):
 # Engine bugs these tests found, by (test function, backend): the test runs
 # and must fail (strict xfail), so an entry has to go when its bug is fixed.
 # Reproductions are in the test named; each engine's owner fixes its own.
-KNOWN_BUGS = {
-    ("test_nan_in_a_query_row_stays_in_that_row", "cpu"):
-        "cpu: a NaN in q gives that row o = 0, lse = -inf (the NaN is dropped, the row treated "
-        "as seeing no key) instead of NaN",
-    ("test_nan_in_a_key_reaches_only_the_rows_that_see_it", "cpu"):
-        "cpu: rows that see a NaN key get o = 0, lse = -inf instead of NaN",
-    ("test_nan_in_a_value_reaches_only_the_rows_that_see_it", "cpu"):
-        "cpu: a NaN in v reaches rows that do not see that key (0 * NaN in the P.V block product)",
-    ("test_inf_follows_ieee_in_the_rows_it_touches", "cpu"):
-        "cpu: +-inf in v reaches rows that do not see that key (0 * inf in the P.V block "
-        "product); +inf scores are dropped like NaN ones instead of giving NaN",
-    ("test_scores_with_huge_range", "cpu"):
-        "cpu backward: P = exp2(s * scale * log2e - lse * log2e) rounds products of size ~1e5, "
-        "so dv is off by ~0.4% when scores are ~1e5 (4.4x the float32 NumPy error)",
+KNOWN_BUGS: dict = {
 }
 
 
