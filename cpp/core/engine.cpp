@@ -5,16 +5,14 @@
 #include <algorithm>
 #include <cstdlib>
 #include <limits>
-#include <new>
 
+#include "core/host_memory.h"
 #include "core/params.h"
 
 namespace flashattn {
 
 OutputBuffer Engine::allocate(size_t n_floats) {
-    const size_t bytes = std::max<size_t>(64, (n_floats * sizeof(float) + 63) / 64 * 64);
-    void* data = std::aligned_alloc(64, bytes);
-    if (!data) throw std::bad_alloc();
+    void* data = allocate_host(n_floats * sizeof(float));
     return {static_cast<float*>(data), std::shared_ptr<void>(data, std::free)};
 }
 

@@ -351,28 +351,33 @@ void chunk_task(const Context& cx, int64_t b, int64_t hk, const Chunk& ch) {
     }
 }
 
-// dq (in place after the first chunk, else from zero) plus every partial
-// that covers each row, in chunk order.
+// dq = (dq, when the first chunk added there, else 0) + every partial that
+// covers the row, in chunk order; rows no partial covers are left as they are.
 void sum_partials(const Context& cx, const ChunkPlan& plan) {
     const FlashParams& p = cx.p;
     const int BQ = cx.BQ, Dp = cx.Dp;
+    const bool from_dq = plan.chunks[0].offset < 0;
     const int64_t blocks = (int64_t(p.Tq) + BQ - 1) / BQ;
     parallel_for(int64_t(p.B) * p.H * blocks, [&](int64_t t) {
         const int64_t bh = t / blocks, i0 = t % blocks * BQ;
         const int nq = int(std::min<int64_t>(BQ, p.Tq - i0));
-        float* dq0 = cx.io.dq + (bh / p.H) * p.dq.b + (bh % p.H) * p.dq.h;
-        float* acc = scratch(size_t(BQ) * Dp, 0);
-        std::memset(acc, 0, sizeof(float) * size_t(nq) * Dp);
-        if (plan.chunks[0].offset < 0)
-            for (int r = 0; r < nq; ++r)
-                std::memcpy(acc + r * Dp, dq0 + (i0 + r) * p.dq.t, sizeof(float) * p.D);
+        float* dq = cx.io.dq + (bh / p.H) * p.dq.b + (bh % p.H) * p.dq.h + i0 * p.dq.t;
+        bool first = !from_dq;
         for (const Chunk& ch : plan.chunks) {
             if (ch.offset < 0 || i0 < ch.row0 || i0 >= ch.row1) continue;
             const float* src = cx.partial + (bh * cx.partial_rows + ch.offset + (i0 - ch.row0)) * Dp;
-            for (int64_t x = 0; x < int64_t(nq) * Dp; ++x) acc[x] += src[x];
+            for (int r = 0; r < nq; ++r) {
+                float* dst = dq + r * p.dq.t;
+                const float* add = src + r * Dp;
+                if (first)
+                    std::memcpy(dst, add, sizeof(float) * p.D);
+                else
+                    for (int d = 0; d < p.D; ++d) dst[d] += add[d];
+            }
+            first = false;
         }
-        for (int r = 0; r < nq; ++r)
-            std::memcpy(dq0 + (i0 + r) * p.dq.t, acc + r * Dp, sizeof(float) * p.D);
+        if (first)  // no chunk saw these rows
+            for (int r = 0; r < nq; ++r) std::memset(dq + r * p.dq.t, 0, sizeof(float) * p.D);
     });
 }
 

@@ -7,8 +7,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
-#include <new>
 
+#include "core/host_memory.h"
 #include "flash_params.h"
 
 namespace flashattn::cpu {
@@ -86,16 +86,14 @@ inline int query_block(const FlashParams& p, int width) {
     return int(std::min<int64_t>(kBlockQ, round_up(p.Tq, width)));
 }
 
-// 64-byte aligned float memory, uninitialised.
+// 64-byte aligned float memory, uninitialised (huge pages when large).
 class AlignedBuffer {
 public:
     AlignedBuffer() = default;
     explicit AlignedBuffer(size_t n_floats) { resize(n_floats); }
     void resize(size_t n_floats) {
         if (n_floats <= size_) return;
-        void* mem = std::aligned_alloc(64, std::max<size_t>(64, round_up(n_floats * 4, 64)));
-        if (!mem) throw std::bad_alloc();
-        data_.reset(static_cast<float*>(mem));
+        data_.reset(static_cast<float*>(allocate_host(n_floats * sizeof(float))));
         size_ = n_floats;
     }
     float* data() const { return data_.get(); }
