@@ -120,8 +120,7 @@ struct ProbabilityEpilogue {
                 vf s = (c[r][v] - l) * splat(kLog2e);
                 if constexpr (Masked) {
                     const vi col = simd::iota() + (col0 + v * W);
-                    s = simd::select((col >= (vi{} + lo[r])) & (col < (vi{} + hi[r])), s,
-                                     splat(-simd::kInf));
+                    s = simd::select(simd::in_range(col, lo[r], hi[r]), s, splat(-simd::kInf));
                 }
                 c[r][v] = simd::exp2(s);
             }
@@ -151,7 +150,7 @@ struct GradientEpilogue {
                 vf g = simd::load(P + r * ldp + v * W) * (c[r][v] - dl);
                 if constexpr (Masked) {
                     const vi col = simd::iota() + (col0 + v * W);
-                    g = simd::select((col >= (vi{} + lo[r])) & (col < (vi{} + hi[r])), g, vf{});
+                    g = simd::select(simd::in_range(col, lo[r], hi[r]), g, vf{});
                 }
                 c[r][v] = g;
             }

@@ -71,7 +71,7 @@ void online_softmax(float* ST, int nk, int BQ, bool full, const int* lo, const i
         } else {
             const vi col = lane + c;
             for (int j = 0; j < nk; ++j) {
-                const vi in = (col >= (vi{} + lo[j])) & (col < (vi{} + hi[j]));
+                const vi in = simd::in_range(col, lo[j], hi[j]);
                 const vf s = simd::select(in, simd::load(ST + j * BQ + c), neg_inf);
                 simd::store(ST + j * BQ + c, s);
                 mx = simd::max(mx, s);

@@ -95,6 +95,11 @@ inline vi iota() {
     return v;
 }
 
+// The lanes of index vector `index` that fall in [lo, hi), as a select mask.
+inline vi in_range(vi index, int lo, int hi) {
+    return (index >= (vi{} + lo)) & (index < (vi{} + hi));
+}
+
 // 2^x to about 1 ulp for x <= 127 (up to 128 it gives at most 2^128); exactly
 // 0 for x <= -160 and for -inf (masked scores), so masked entries contribute
 // nothing; between, as small as float goes (denormals, then 0). IEEE at the

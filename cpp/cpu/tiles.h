@@ -41,24 +41,22 @@ inline bool block_inside_band(const FlashParams& p, int64_t i0, int64_t i1, int6
     return j0 >= fa_key_begin(i1 - 1, p.Tq, p.Tk, p.window_left) &&
            j1 <= fa_key_end(i0, p.Tq, p.Tk, p.window_right);
 }
+// [b, e) clipped to a tile's [0, n), as ints; empty stays empty (lo == hi).
+inline void clip_to_tile(int64_t b, int64_t e, int n, int& lo, int& hi) {
+    lo = int(std::clamp<int64_t>(b, 0, n));
+    hi = std::max(lo, int(std::clamp<int64_t>(e, 0, n)));
+}
 // The query rows that see key j, as tile columns [lo, hi) of the query tile
 // starting at row i0 with nq valid rows.
 inline void key_columns(const FlashParams& p, int64_t j, int64_t i0, int nq, int& lo, int& hi) {
-    const int64_t b = fa_query_begin(j, p.Tq, p.Tk, p.window_right) - i0;
-    const int64_t e = fa_query_end(j, p.Tq, p.Tk, p.window_left) - i0;
-    lo = int(std::clamp<int64_t>(b, 0, nq));
-    hi = int(std::clamp<int64_t>(e, 0, nq));
-    if (hi < lo) hi = lo;
+    clip_to_tile(fa_query_begin(j, p.Tq, p.Tk, p.window_right) - i0,
+                 fa_query_end(j, p.Tq, p.Tk, p.window_left) - i0, nq, lo, hi);
 }
-
 // The keys that query row i sees, as tile rows [lo, hi) of the key block
 // starting at key j0 with nk keys.
 inline void row_keys(const FlashParams& p, int64_t i, int64_t j0, int nk, int& lo, int& hi) {
-    const int64_t b = fa_key_begin(i, p.Tq, p.Tk, p.window_left) - j0;
-    const int64_t e = fa_key_end(i, p.Tq, p.Tk, p.window_right) - j0;
-    lo = int(std::clamp<int64_t>(b, 0, nk));
-    hi = int(std::clamp<int64_t>(e, 0, nk));
-    if (hi < lo) hi = lo;
+    clip_to_tile(fa_key_begin(i, p.Tq, p.Tk, p.window_left) - j0,
+                 fa_key_end(i, p.Tq, p.Tk, p.window_right) - j0, nk, lo, hi);
 }
 // True when query row i sees at least one key.
 inline bool row_sees_keys(const FlashParams& p, int64_t i) {
