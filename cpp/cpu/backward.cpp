@@ -175,7 +175,7 @@ void row_deltas(const FlashParams& p, const BackwardIO& io, float* delta) {
         for (int64_t i = i0; i < i1; ++i) {
             const float* a = do0 + i * p.dout.t;
             const float* c = o0 + i * p.o.t;
-            float acc[W] = {};  // W running sums: the loop vectorises
+            float acc[W] = {};  // W independent sums, not one serial chain
             for (int d = 0; d < p.D; ++d) acc[d % W] += a[d] * c[d];
             float sum = 0.0f;
             for (float x : acc) sum += x;
@@ -207,6 +207,7 @@ void lay_out_key_block(const FlashParams& p, const float* k0, const float* v0, i
             Vt[d * kBlockK + j] = vr[d];
             Kp[j * Dp + d] = kr[d] * p.scale;
         }
+        for (int d = D; d < Dp; ++d) Kp[j * Dp + d] = 0.0f;
     }
     for (int d = 0; d < D; ++d)
         for (int j = nk; j < kBlockK; ++j) Kt[d * kBlockK + j] = Vt[d * kBlockK + j] = 0.0f;
@@ -257,34 +258,34 @@ void query_tile(const Context& cx, const KeyBlock& kb, const float* q0, const fl
     int klo[kBlockQ], khi[kBlockQ];  // per query row: the keys it sees (masked tiles)
     int qlo[kBlockK], qhi[kBlockK];  // per key: the query rows that see it
 
-    if (block_inside_band(p, i0, i0 + nq, kb.j0, kb.j0 + nk)) {
+    const bool masked = !block_inside_band(p, i0, i0 + nq, kb.j0, kb.j0 + nk);
+    if (masked) {
+        for (int r = 0; r < nq; ++r) row_keys(p, i0 + r, kb.j0, nk, klo[r], khi[r]);
+        for (int j = 0; j < nk; ++j) key_columns(p, kb.j0 + j, i0, nq, qlo[j], qhi[j]);
+        gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false,
+                    ProbabilityEpilogue<true>{lse, klo, khi, 0});
+        gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false,
+                    GradientEpilogue<true>{P, kBlockK, delta, klo, khi, 0});
+    } else {
         gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false,
                     ProbabilityEpilogue<false>{lse, klo, khi, 0});
         gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false,
                     GradientEpilogue<false>{P, kBlockK, delta, klo, khi, 0});
-        gemm<true>(nk, Dp, nq, P, kBlockK, dOr, Dp, kb.dV, Dp, nullptr, true);
-        gemm<true>(nk, Dp, nq, dS, kBlockK, Qr, Dp, kb.dK, Dp, nullptr, true);
-        gemm<false>(nq, Dp, nk, dS, kBlockK, kb.Kp, Dp, dq, ldq, nullptr, true);
-        return;
     }
-    for (int r = 0; r < nq; ++r) row_keys(p, i0 + r, kb.j0, nk, klo[r], khi[r]);
-    for (int j = 0; j < nk; ++j) key_columns(p, kb.j0 + j, i0, nq, qlo[j], qhi[j]);
-    gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false,
-                ProbabilityEpilogue<true>{lse, klo, khi, 0});
-    gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false,
-                GradientEpilogue<true>{P, kBlockK, delta, klo, khi, 0});
-    if (all_finite(dOr, nq, D, Dp))
-        gemm<true>(nk, Dp, nq, P, kBlockK, dOr, Dp, kb.dV, Dp, nullptr, true);
-    else
-        gemm_ranged<true>(nk, Dp, qlo, qhi, P, kBlockK, dOr, Dp, kb.dV, Dp, nullptr, true);
-    if (all_finite(Qr, nq, D, Dp))
-        gemm<true>(nk, Dp, nq, dS, kBlockK, Qr, Dp, kb.dK, Dp, nullptr, true);
-    else
-        gemm_ranged<true>(nk, Dp, qlo, qhi, dS, kBlockK, Qr, Dp, kb.dK, Dp, nullptr, true);
-    if (kb.k_finite)
-        gemm<false>(nq, Dp, nk, dS, kBlockK, kb.Kp, Dp, dq, ldq, nullptr, true);
-    else
+    // Products over the query rows, C (keys x Dp) += A^T B: dV += P^T dO and
+    // dK += dS^T Q; ranged where a masked zero of A faces an inf or NaN of B.
+    auto over_queries = [&](const float* A, const float* B, float* C) {
+        if (masked && !all_finite(B, nq, D, Dp))
+            gemm_ranged<true>(nk, Dp, qlo, qhi, A, kBlockK, B, Dp, C, Dp, nullptr, true);
+        else
+            gemm<true>(nk, Dp, nq, A, kBlockK, B, Dp, C, Dp, nullptr, true);
+    };
+    over_queries(P, dOr, kb.dV);
+    over_queries(dS, Qr, kb.dK);
+    if (masked && !kb.k_finite)  // dQ += dS K, over the keys
         gemm_ranged<false>(nq, Dp, klo, khi, dS, kBlockK, kb.Kp, Dp, dq, ldq, nullptr, true);
+    else
+        gemm<false>(nq, Dp, nk, dS, kBlockK, kb.Kp, Dp, dq, ldq, nullptr, true);
 }
 
 void chunk_task(const Context& cx, int64_t b, int64_t hk, const Chunk& ch) {
