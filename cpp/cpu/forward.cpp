@@ -11,7 +11,7 @@
 // the band takes a one-pass path: exponentials against the (possibly stale)
 // m are taken as S^T leaves the registers, and m is kept unless some score
 // exceeds it by more than kHeadroom (then the block is redone the two-pass
-// way). Probabilities up to 2^kHeadroom relative to m lose no accuracy in
+// way). Probabilities up to e^kHeadroom relative to m lose no accuracy in
 // float, and skipping the rescale saves a pass over the tile and over O.
 #include <cmath>
 #include <cstring>
@@ -122,11 +122,10 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     // recomputes them bit for bit), until m is subtracted: s - m is exact
     // however large both are. Rows are first gathered whole (wide loads keep
     // many cache misses in flight), then transposed from L1.
-    const float c = p.scale;
     float* Qr = scratch(size_t(BQ) * D, 9);
     for (int r = 0; r < nq; ++r) std::memcpy(Qr + r * D, q0 + (i0 + r) * p.q.t, sizeof(float) * D);
     for (int d = 0; d < D; ++d) {
-        for (int r = 0; r < nq; ++r) Qt[d * BQ + r] = Qr[r * D + d] * c;
+        for (int r = 0; r < nq; ++r) Qt[d * BQ + r] = Qr[r * D + d] * p.scale;
         for (int r = nq; r < BQ; ++r) Qt[d * BQ + r] = 0.0f;
     }
     std::memset(O, 0, sizeof(float) * size_t(BQ) * Dp);
