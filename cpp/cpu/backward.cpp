@@ -13,7 +13,9 @@
 // once per block; each query tile is gathered, contiguous and zero-padded,
 // where it is used: O(BQ * D) copies against O(BQ * BK * D) products. Beyond
 // inputs and outputs, a call holds one float per query row, per-thread
-// tiles and the partials, which a budget bounds: memory is O(T).
+// tiles and the partials, which a budget bounds (except that a head size
+// that is not a multiple of the vector width sends even the first chunk to
+// a partial, as large as dq at most): memory is O(T), never O(T^2).
 //
 // The scores are recomputed bit for bit as the forward made them (the same
 // products, scale * q times k, summed in the same order), so P rows sum to
