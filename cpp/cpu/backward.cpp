@@ -54,13 +54,18 @@ struct ChunkPlan {
     int64_t partial_rows = 0;  // per head
 };
 
+// The query rows that see some key of key blocks [kb0, kb1).
+Range rows_of_key_blocks(const FlashParams& p, int64_t kb0, int64_t kb1) {
+    return rows_of_keys(p, kb0 * kBlockK, std::min<int64_t>(kb1 * kBlockK, p.Tk));
+}
+
 ChunkPlan plan_chunks(const FlashParams& p, int BQ, int Dp, int64_t n_chunks) {
     const int64_t kblocks = (int64_t(p.Tk) + kBlockK - 1) / kBlockK;
     // Work of a key block: the query tiles that see it.
     std::vector<int64_t> work(size_t(kblocks), 0);
     int64_t total = 0;
     for (int64_t kb = 0; kb < kblocks; ++kb) {
-        const Range r = rows_of_keys(p, kb * kBlockK, std::min<int64_t>(kb * kBlockK + kBlockK, p.Tk));
+        const Range r = rows_of_key_blocks(p, kb, kb + 1);
         if (r.begin < r.end) work[size_t(kb)] = (r.end - 1) / BQ - r.begin / BQ + 1;
         total += work[size_t(kb)];
     }
@@ -76,7 +81,7 @@ ChunkPlan plan_chunks(const FlashParams& p, int BQ, int Dp, int64_t n_chunks) {
             ++ch.kb1;
         }
         kb = ch.kb1;
-        const Range r = rows_of_keys(p, ch.kb0 * kBlockK, std::min<int64_t>(ch.kb1 * kBlockK, p.Tk));
+        const Range r = rows_of_key_blocks(p, ch.kb0, ch.kb1);
         if (r.begin < r.end) {
             ch.row0 = r.begin / BQ * BQ;
             ch.row1 = round_up(r.end, BQ);
@@ -226,10 +231,7 @@ void gather_rows(const float* src, int64_t ld, int64_t i0, int nq, int D, int Dp
     }
 }
 
-// One query tile against the key block laid out in Kt, Vt, Kp: P and dS,
-// then dV += P^T dO, dK += dS^T (scale Q) and dQ += dS (scale K). Where the tile crosses the
-// band's edge, masked entries are zeros; the products skip them outright
-// when the operand they face holds an inf or NaN (0 * inf is NaN).
+// A key block laid out for its query tiles, and its dK, dV accumulators.
 struct KeyBlock {
     const float *Kt, *Vt, *Kp;
     int64_t j0;
@@ -238,6 +240,23 @@ struct KeyBlock {
     float *dK, *dV;
 };
 
+// P = exp(scale Q K^T - lse) into P and dS = P * (dO V^T - delta) into dS
+// (nq x Nk, row stride kBlockK), masked by the per-row key ranges or not.
+template <bool Masked>
+void probabilities_and_gradients(const KeyBlock& kb, int nq, int Nk, int D, int Dp,
+                                 const float* Qr, const float* dOr, const float* lse,
+                                 const float* delta, const int* klo, const int* khi, float* P,
+                                 float* dS) {
+    gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false,
+                ProbabilityEpilogue<Masked>{lse, klo, khi, 0});
+    gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false,
+                GradientEpilogue<Masked>{P, kBlockK, delta, klo, khi, 0});
+}
+
+// One query tile against the key block: P and dS, then dV += P^T dO,
+// dK += dS^T (scale Q) and dQ += dS (scale K). Where the tile crosses the
+// band's edge, masked entries are zeros; the products skip them outright
+// when the operand they face holds an inf or NaN (0 * inf is NaN).
 void query_tile(const Context& cx, const KeyBlock& kb, const float* q0, const float* do0,
                 const float* lse0, const float* delta0, int64_t i0, float* dq, int64_t ldq) {
     const FlashParams& p = cx.p;
@@ -264,15 +283,10 @@ void query_tile(const Context& cx, const KeyBlock& kb, const float* q0, const fl
     if (masked) {
         for (int r = 0; r < nq; ++r) row_keys(p, i0 + r, kb.j0, nk, klo[r], khi[r]);
         for (int j = 0; j < nk; ++j) key_columns(p, kb.j0 + j, i0, nq, qlo[j], qhi[j]);
-        gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false,
-                    ProbabilityEpilogue<true>{lse, klo, khi, 0});
-        gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false,
-                    GradientEpilogue<true>{P, kBlockK, delta, klo, khi, 0});
+        probabilities_and_gradients<true>(kb, nq, Nk, D, Dp, Qr, dOr, lse, delta, klo, khi, P, dS);
     } else {
-        gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false,
-                    ProbabilityEpilogue<false>{lse, klo, khi, 0});
-        gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false,
-                    GradientEpilogue<false>{P, kBlockK, delta, klo, khi, 0});
+        probabilities_and_gradients<false>(kb, nq, Nk, D, Dp, Qr, dOr, lse, delta, klo, khi, P,
+                                           dS);
     }
     // Products over the query rows, C (keys x Dp) += A^T B: dV += P^T dO and
     // dK += dS^T Q; ranged where a masked zero of A faces an inf or NaN of B.
@@ -329,7 +343,7 @@ void chunk_task(const Context& cx, int64_t b, int64_t hk, const Chunk& ch) {
     for (int64_t kb = ch.kb0; kb < ch.kb1; ++kb) {
         const int64_t j0 = kb * kBlockK;
         const int nk = int(std::min<int64_t>(kBlockK, p.Tk - j0));
-        const Range rows = rows_of_keys(p, j0, j0 + nk);
+        const Range rows = rows_of_key_blocks(p, kb, kb + 1);
         std::memset(dK, 0, sizeof(float) * size_t(nk) * Dp);
         std::memset(dV, 0, sizeof(float) * size_t(nk) * Dp);
         if (rows.begin < rows.end) {
@@ -367,7 +381,8 @@ void sum_partials(const Context& cx, const ChunkPlan& plan) {
         bool first = !from_dq;
         for (const Chunk& ch : plan.chunks) {
             if (ch.offset < 0 || i0 < ch.row0 || i0 >= ch.row1) continue;
-            const float* src = cx.partial + (bh * cx.partial_rows + ch.offset + (i0 - ch.row0)) * Dp;
+            const int64_t row = bh * cx.partial_rows + ch.offset + (i0 - ch.row0);
+            const float* src = cx.partial + row * Dp;
             for (int r = 0; r < nq; ++r) {
                 float* dst = dq + r * p.dq.t;
                 const float* add = src + r * Dp;
