@@ -12,7 +12,7 @@
 // queries), so its lse = -inf is never used and it gets zero gradient.
 #include <metal_stdlib>
 
-#include "flash_kernels.h"
+#include "flash_device.h"
 
 using namespace metal;
 
@@ -23,8 +23,9 @@ kernel void flash_bwd_preprocess_f32(device const float* dout [[buffer(0)]],
                                      device const float* o [[buffer(1)]],
                                      device float* delta [[buffer(2)]],
                                      constant FlashParams& p [[buffer(3)]],
-                                     uint3 group_pos [[threadgroup_position_in_grid]],
+                                     uint3 grid_pos [[threadgroup_position_in_grid]],
                                      uint tid [[thread_index_in_threadgroup]]) {
+    const uint3 group_pos = fa_group_position(grid_pos, p);
     const int h = int(group_pos.y);
     const int b = int(group_pos.z);
     const int i = int(group_pos.x) * FA_ROWS_PER_GROUP + int(tid);
@@ -48,8 +49,9 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
                          device const float* delta [[buffer(5)]],
                          device float* dq [[buffer(6)]],
                          constant FlashParams& p [[buffer(7)]],
-                         uint3 group_pos [[threadgroup_position_in_grid]],
+                         uint3 grid_pos [[threadgroup_position_in_grid]],
                          uint tid [[thread_index_in_threadgroup]]) {
+    const uint3 group_pos = fa_group_position(grid_pos, p);
     const int TILE = FA_TILE(HD);
     FA_TG_ARRAY(float, Ks, FA_TILE(HD) * HD);
     FA_TG_ARRAY(float, Vs, FA_TILE(HD) * HD);
@@ -133,8 +135,9 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
                            device float* dk [[buffer(6)]],
                            device float* dv [[buffer(7)]],
                            constant FlashParams& p [[buffer(8)]],
-                           uint3 group_pos [[threadgroup_position_in_grid]],
+                           uint3 grid_pos [[threadgroup_position_in_grid]],
                            uint tid [[thread_index_in_threadgroup]]) {
+    const uint3 group_pos = fa_group_position(grid_pos, p);
     const int TILE = FA_TILE(HD);
     FA_TG_ARRAY(float, Qs, FA_TILE(HD) * HD);
     FA_TG_ARRAY(float, Gs, FA_TILE(HD) * HD);

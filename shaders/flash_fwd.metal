@@ -18,7 +18,7 @@
 // (hd32 8 KiB, hd64 16 KiB, hd96 12 KiB, hd128 16 KiB, hd256 16 KiB).
 #include <metal_stdlib>
 
-#include "flash_kernels.h"
+#include "flash_device.h"
 
 using namespace metal;
 
@@ -29,8 +29,9 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
                       device float* o [[buffer(3)]],
                       device float* lse [[buffer(4)]],
                       constant FlashParams& p [[buffer(5)]],
-                      uint3 group_pos [[threadgroup_position_in_grid]],
+                      uint3 grid_pos [[threadgroup_position_in_grid]],
                       uint tid [[thread_index_in_threadgroup]]) {
+    const uint3 group_pos = fa_group_position(grid_pos, p);
     const int TILE = FA_TILE(HD);
     FA_TG_ARRAY(float, Ks, FA_TILE(HD) * HD);
     FA_TG_ARRAY(float, Vs, FA_TILE(HD) * HD);

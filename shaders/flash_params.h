@@ -31,12 +31,17 @@ struct FlashParams {
     fa_int window_left;  // >= 0
     fa_int window_right; // >= 0
     float scale;         // multiplies q.k before the softmax
+    fa_int kv_splits;    // split-KV decode: key ranges computed apart, then merged (else 1)
+    // Added to [[threadgroup_position_in_grid]] by every kernel: a host may
+    // dispatch a launch's grid in pieces (bounded work per command buffer),
+    // each piece with its own origin.
+    fa_int group_offset_x, group_offset_y, group_offset_z;
     FlashStrides q, k, v, o, dout, dq, dk, dv;
 };
 
 #ifndef __METAL_VERSION__
 static_assert(sizeof(FlashStrides) == 24, "FlashStrides layout must match MSL");
-static_assert(sizeof(FlashParams) == 232, "FlashParams layout must match MSL");
+static_assert(sizeof(FlashParams) == 248, "FlashParams layout must match MSL");
 #endif
 
 // Keys [fa_key_begin, fa_key_end) are visible to query row i; empty when begin >= end.

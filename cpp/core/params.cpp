@@ -72,6 +72,7 @@ FlashParams make_params(const char* fn, const TensorView& q, const TensorView& k
     p.B = fa_int(B), p.Tq = fa_int(Tq), p.Tk = fa_int(Tk), p.H = fa_int(H), p.Hkv = fa_int(Hkv);
     p.D = fa_int(D);
     p.group = fa_int(H / Hkv);
+    p.kv_splits = 1;
     // The one place where the window and causal rules meet (see flash_params.h).
     int64_t left = opt.window_left < 0 ? Tk : std::min(opt.window_left, Tk);
     int64_t right = opt.window_right < 0 ? Tq : std::min(opt.window_right, Tq);

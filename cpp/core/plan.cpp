@@ -22,6 +22,8 @@ const char* slot_name(Slot s) {
         case Slot::dk: return "dk";
         case Slot::dv: return "dv";
         case Slot::delta: return "delta";
+        case Slot::partial_o: return "partial_o";
+        case Slot::partial_lse: return "partial_lse";
         case Slot::params: return "params";
     }
     return "?";
@@ -63,6 +65,7 @@ Plan plan_forward(const FlashParams& p) {
         {Slot::q, Slot::k, Slot::v, Slot::o, Slot::lse, Slot::params},
         Dim3{row_groups(p.Tq), uint32_t(p.H), uint32_t(p.B)},
         kGroup,
+        {},
     });
     return plan;
 }
@@ -72,19 +75,21 @@ Plan plan_backward(const FlashParams& p) {
     const std::string suffix = bucket_suffix("plan_backward", p);
     Plan plan;
     plan.params = p;
-    plan.delta_elements = int64_t(p.B) * p.H * p.Tq;
+    plan.scratch.push_back({Slot::delta, int64_t(p.B) * p.H * p.Tq});
     const Dim3 query_grid{row_groups(p.Tq), uint32_t(p.H), uint32_t(p.B)};
     plan.launches.push_back(Launch{
         "flash_bwd_preprocess_f32",
         {Slot::dout, Slot::o, Slot::delta, Slot::params},
         query_grid,
         kGroup,
+        {},
     });
     plan.launches.push_back(Launch{
         "flash_bwd_dq" + suffix,
         {Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse, Slot::delta, Slot::dq, Slot::params},
         query_grid,
         kGroup,
+        {},
     });
     plan.launches.push_back(Launch{
         "flash_bwd_dkdv" + suffix,
@@ -92,6 +97,7 @@ Plan plan_backward(const FlashParams& p) {
          Slot::params},
         Dim3{row_groups(p.Tk), uint32_t(p.Hkv), uint32_t(p.B)},
         kGroup,
+        {},
     });
     return plan;
 }

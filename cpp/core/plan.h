@@ -16,8 +16,12 @@ enum class Slot : uint8_t {
     q, k, v, o, lse,           // forward inputs / outputs
     dout, dq, dk, dv,          // backward
     delta,                     // scratch: D = rowsum(dout * o), (B, H, Tq) floats
+    partial_o,                 // scratch: split-KV decode's per-split unnormalised outputs
+    partial_lse,               // scratch: split-KV decode's per-split (max, sum) statistics
     params,                    // the FlashParams struct, by value (setBytes)
 };
+
+constexpr size_t kSlotCount = size_t(Slot::params) + 1;
 
 const char* slot_name(Slot s);
 
@@ -25,17 +29,33 @@ struct Dim3 {
     uint32_t x = 1, y = 1, z = 1;
 };
 
+// One value of a kernel's [[function_constant(index)]], as its bits: the
+// pipeline is specialised with it (the metal host keys its cache by them).
+struct FunctionConstant {
+    enum class Type : uint8_t { boolean, int32, float32 };
+    uint16_t index = 0;
+    Type type = Type::int32;
+    uint32_t bits = 0;  // boolean: 0 or 1; int32: the value; float32: its bit pattern
+};
+
 struct Launch {
     std::string kernel;          // Metal function name, spelling its specialisation
     std::vector<Slot> buffers;   // buffers[n] is bound to [[buffer(n)]]
     Dim3 grid;                   // threadgroups per grid
     Dim3 threadgroup;            // threads per threadgroup
+    std::vector<FunctionConstant> constants;  // the specialisation, by index
+};
+
+// Device memory only the kernels read and write, allocated per call.
+struct Scratch {
+    Slot slot;
+    int64_t floats;
 };
 
 struct Plan {
     FlashParams params;
     std::vector<Launch> launches;
-    int64_t delta_elements = 0;  // scratch floats the plan needs (0: none)
+    std::vector<Scratch> scratch;  // what the launches bind besides the call's arrays
 };
 
 Plan plan_forward(const FlashParams& p);

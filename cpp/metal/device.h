@@ -38,15 +38,6 @@ struct MetalBackend {
 using Pool = BufferPool<MetalBackend>;
 using Call = CallBuffers<Pool>;
 
-// One value of a kernel's [[function_constant(index)]].
-struct FunctionConstant {
-    enum class Type { boolean, int32, float32 };
-    uint32_t index = 0;
-    Type type = Type::int32;
-    int32_t i = 0;  // boolean and int32
-    float f = 0;    // float32
-};
-
 class Device {
 public:
     // nullptr when this machine has no Metal device; throws std::runtime_error

@@ -59,9 +59,9 @@ id<MTLLibrary> load_library(id<MTLDevice> device) {
 std::string pipeline_key(const std::string& kernel, const std::vector<FunctionConstant>& constants) {
     std::string key = kernel;
     for (const FunctionConstant& c : constants) {
-        key += "|" + std::to_string(c.index) + "=";
-        key += c.type == FunctionConstant::Type::float32 ? std::to_string(c.f) + "f"
-                                                         : std::to_string(c.i);
+        // Exact bits: two different floats never share a pipeline.
+        key += "|" + std::to_string(c.index) + ":" + std::to_string(int(c.type)) + "=" +
+               std::to_string(c.bits);
     }
     return key;
 }
@@ -118,16 +118,16 @@ id<MTLComputePipelineState> Device::pipeline(const std::string& kernel,
         } else {
             MTLFunctionConstantValues* values = [[MTLFunctionConstantValues alloc] init];
             for (const FunctionConstant& c : constants) {
-                bool b = c.i != 0;
+                const bool b = c.bits != 0;
                 switch (c.type) {
                     case FunctionConstant::Type::boolean:
                         [values setConstantValue:&b type:MTLDataTypeBool atIndex:c.index];
                         break;
                     case FunctionConstant::Type::int32:
-                        [values setConstantValue:&c.i type:MTLDataTypeInt atIndex:c.index];
+                        [values setConstantValue:&c.bits type:MTLDataTypeInt atIndex:c.index];
                         break;
                     case FunctionConstant::Type::float32:
-                        [values setConstantValue:&c.f type:MTLDataTypeFloat atIndex:c.index];
+                        [values setConstantValue:&c.bits type:MTLDataTypeFloat atIndex:c.index];
                         break;
                 }
             }
@@ -155,7 +155,7 @@ void Device::execute(const Plan& plan, const Call& call) {
     std::vector<Step> steps;
     for (const Launch& launch : plan.launches) {
         if (uint64_t(launch.grid.x) * launch.grid.y * launch.grid.z == 0) continue;  // no work
-        id<MTLComputePipelineState> state = pipeline(launch.kernel);
+        id<MTLComputePipelineState> state = pipeline(launch.kernel, launch.constants);
         const uint64_t threads =
             uint64_t(launch.threadgroup.x) * launch.threadgroup.y * launch.threadgroup.z;
         if (threads == 0 || threads > state.maxTotalThreadsPerThreadgroup)

@@ -75,7 +75,8 @@ private:
     }
 
     void run(const Plan& plan, Call& call) {
-        if (plan.delta_elements > 0) call.scratch(Slot::delta, plan.delta_elements);
+        for (const Scratch& s : plan.scratch)
+            if (s.floats > 0) call.scratch(s.slot, s.floats);
         device_->execute(plan, call);
         call.finish();
         std::lock_guard<std::mutex> lock(transfers_mu_);

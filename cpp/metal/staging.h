@@ -22,8 +22,6 @@
 
 namespace flashattn::metal {
 
-constexpr size_t kSlotCount = size_t(Slot::params) + 1;
-
 // What crossed between host memory and pool buffers, summed over calls.
 struct TransferStats {
     uint64_t inputs_in_place = 0;
@@ -112,7 +110,7 @@ public:
         return c;
     }
 
-    // Scratch that only the kernels read and write (Slot::delta).
+    // Scratch that only the kernels read and write (Plan::scratch).
     void scratch(Slot s, int64_t n_floats) {
         LeasePtr lease = pool_->acquire(size_t(n_floats) * sizeof(float));
         bind(s, lease->handle, 0);

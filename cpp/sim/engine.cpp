@@ -27,7 +27,6 @@ public:
 
     void backward(const FlashParams& p, const BackwardIO& io) override {
         const Plan plan = plan_backward(p);
-        std::vector<float> delta(size_t(plan.delta_elements));
         sim::SlotPointers slots{};
         slots[size_t(Slot::dout)] = const_cast<float*>(io.dout);
         slots[size_t(Slot::q)] = const_cast<float*>(io.q);
@@ -38,7 +37,6 @@ public:
         slots[size_t(Slot::dq)] = io.dq;
         slots[size_t(Slot::dk)] = io.dk;
         slots[size_t(Slot::dv)] = io.dv;
-        slots[size_t(Slot::delta)] = delta.empty() ? nullptr : delta.data();
         sim::run_plan(plan, slots);
     }
 };

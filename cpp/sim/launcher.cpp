@@ -446,7 +446,14 @@ void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 
 
 const char* execution_mode() { return LaunchState::fibers_enabled() ? "fibers" : "threads"; }
 
-void run_plan(const Plan& plan, const SlotPointers& slots) {
+void run_plan(const Plan& plan, const SlotPointers& call_slots) {
+    // The plan's scratch lives for the call, as the metal host's pool leases do.
+    SlotPointers slots = call_slots;
+    std::vector<std::vector<float>> scratch;
+    for (const Scratch& s : plan.scratch) {
+        scratch.emplace_back(size_t(s.floats));
+        slots[size_t(s.slot)] = scratch.back().empty() ? nullptr : scratch.back().data();
+    }
     for (const Launch& launch : plan.launches) {
         const Kernel* kernel = find_kernel(launch.kernel);
         if (!kernel) throw std::runtime_error("metal-sim: no kernel named '" + launch.kernel + "'");

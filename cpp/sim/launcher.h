@@ -50,8 +50,8 @@ void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 
 const char* execution_mode();
 
 // Runs every launch of a plan; slots[s] is the memory bound to Slot s
-// (Slot::params is taken from plan.params).
-using SlotPointers = std::array<void*, 11>;
+// (Slot::params is taken from plan.params, the plan's scratch is allocated here).
+using SlotPointers = std::array<void*, kSlotCount>;
 void run_plan(const Plan& plan, const SlotPointers& slots);
 
 }  // namespace flashattn::sim

@@ -30,7 +30,7 @@ int main() {
     {
         const Plan plan = plan_forward(params(2, 113, 203, 8, 2, 64));
         CHECK(plan.launches.size() == 1);
-        CHECK(plan.delta_elements == 0);
+        CHECK(plan.scratch.empty());
         CHECK(plan.params.Tq == 113 && plan.params.D == 64);
         const Launch& l = plan.launches[0];
         CHECK(l.kernel == "flash_fwd_f32_hd64");
@@ -60,7 +60,8 @@ int main() {
     {
         const Plan plan = plan_backward(params(2, 130, 65, 6, 3, 111));
         CHECK(plan.launches.size() == 3);
-        CHECK(plan.delta_elements == 2 * 6 * 130);
+        CHECK(plan.scratch.size() == 1 && plan.scratch[0].slot == Slot::delta &&
+              plan.scratch[0].floats == 2 * 6 * 130);
         const Launch& pre = plan.launches[0];
         CHECK(pre.kernel == "flash_bwd_preprocess_f32");
         CHECK((pre.buffers == std::vector<Slot>{Slot::dout, Slot::o, Slot::delta, Slot::params}));
