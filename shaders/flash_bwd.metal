@@ -1,34 +1,36 @@
-// Fused attention backward (FlashAttention-2 split), three kernels run in
-// this order by plan_backward:
+// Fused attention backward on simdgroup matrices (FlashAttention-2 math,
+// metal-flash-attention's split: no atomics), three kernels run in this
+// order by plan_backward:
 //   flash_bwd_preprocess_f32     delta = rowsum(dout * o), one float per row
-//   flash_bwd_dq_f32_hd{HD}      dq, one thread per query row
-//   flash_bwd_dkdv_f32_hd{HD}    dk and dv, one thread per key row
-// Probabilities are recomputed from q, k and the forward's lse, tile by
-// tile, never stored. Every gradient row is owned by exactly one thread that
-// sums in a fixed order, so there are no atomics and results are bit-for-bit
-// repeatable. With P = exp(scale q.k - lse), dP = dout.v:
-//   dS = P (dP - delta);  dq = scale dS k;  dk = scale dS^T q;  dv = P^T dout.
-// A row that sees no key visits no key (and no key counts it among its
-// queries), so its lse = -inf is never used and it gets zero gradient.
+//   flash_bwd_dq_f32_hd{HD}      dq: a threadgroup per block of query rows
+//   flash_bwd_dkdv_f32_hd{HD}    dk, dv: a threadgroup per block of key rows,
+//                                summed over the query heads of its kv head
+// Probabilities are recomputed tile by tile from q, k and the forward's lse,
+// never stored. Every gradient element is owned by one SIMD group that sums
+// in a fixed order, so results are bit-for-bit repeatable. With S = (scale
+// q).k recomputed exactly as the forward computed it:
+//   P = exp2((S - lse) log2(e));  dP = dout v^T;  dS = P (dP - delta);
+//   dq = scale dS k;  dk = dS^T (scale q);  dv = P^T dout.
+// The dK/dV kernel works on the transposes (S^T = K Q^T, metal-flash-
+// attention's formulation), so each SIMD group owns 8 keys' dK and dV rows.
+// A row that saw no key (lse = -inf) contributes nothing: its lse is taken
+// as +inf, so P = exp2(-inf) = 0 wherever its scores are finite or -inf.
 #include <metal_stdlib>
 
 #include "flash_device.h"
 
-using namespace metal;
-
 // delta[b, h, i] = sum_d dout[b, i, h, d] * o[b, i, h, d]. One thread per
 // row; O(T D) work, negligible next to the O(T^2 D) kernels.
-// Threadgroup memory: none.
 kernel void flash_bwd_preprocess_f32(device const float* dout [[buffer(0)]],
                                      device const float* o [[buffer(1)]],
                                      device float* delta [[buffer(2)]],
                                      constant FlashParams& p [[buffer(3)]],
                                      uint3 grid_pos [[threadgroup_position_in_grid]],
                                      uint tid [[thread_index_in_threadgroup]]) {
-    const uint3 group_pos = fa_group_position(grid_pos, p);
-    const int h = int(group_pos.y);
-    const int b = int(group_pos.z);
-    const int i = int(group_pos.x) * FA_ROWS_PER_GROUP + int(tid);
+    const uint3 pos = fa_group_position(grid_pos, p);
+    const int h = int(pos.y);
+    const int b = int(pos.z);
+    const int i = int(pos.x) * FA_PREPROCESS_THREADS + int(tid);
     if (i >= p.Tq) return;
     const fa_long go = fa_offset(p.dout.b, p.dout.t, p.dout.h, b, i, h);
     const fa_long oo = fa_offset(p.o.b, p.o.t, p.o.h, b, i, h);
@@ -37,9 +39,14 @@ kernel void flash_bwd_preprocess_f32(device const float* dout [[buffer(0)]],
     delta[(fa_long(b) * p.H + h) * p.Tq + i] = sum;
 }
 
-// dq for FA_ROWS_PER_GROUP query rows of one (batch, head); K and V staged
-// through threadgroup memory exactly as in the forward.
-// Threadgroup memory: Ks + Vs = 2 * FA_TILE(HD) * HD floats (<= 16 KiB).
+// The forward's lse of a row, +inf for a row that saw no key.
+FA_INLINE float fa_row_lse(float lse) { return lse == -INFINITY ? INFINITY : lse; }
+
+// A probability from a recomputed score and its row's lse.
+FA_INLINE float fa_prob(float s, float lse) { return exp2((s - lse) * M_LOG2E_F); }
+
+// dq for FA_BLOCK_ROWS query rows (packed numbering, as the forward); K and
+// V staged through threadgroup memory exactly as in the forward.
 template <int HD>
 kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
                          device const float* k [[buffer(1)]],
@@ -50,81 +57,109 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
                          device float* dq [[buffer(6)]],
                          constant FlashParams& p [[buffer(7)]],
                          uint3 grid_pos [[threadgroup_position_in_grid]],
-                         uint tid [[thread_index_in_threadgroup]]) {
-    const uint3 group_pos = fa_group_position(grid_pos, p);
-    const int TILE = FA_TILE(HD);
-    FA_TG_ARRAY(float, Ks, FA_TILE(HD) * HD);
-    FA_TG_ARRAY(float, Vs, FA_TILE(HD) * HD);
+                         uint tid [[thread_index_in_threadgroup]],
+                         uint lane [[thread_index_in_simdgroup]],
+                         uint sg [[simdgroup_index_in_threadgroup]]) {
+    const int BK = FA_STAGE(HD);
+    const int LD = FA_LD(HD);
+    FA_TG_ARRAY(float, Ks, FA_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(float, Vs, FA_STAGE(HD) * FA_LD(HD));
 
-    const int D = p.D;
-    const int h = int(group_pos.y);
-    const int b = int(group_pos.z);
-    const int hkv = h / p.group;
-    const int row0 = int(group_pos.x) * FA_ROWS_PER_GROUP;
-    const int i = row0 + int(tid);
-    const bool active = i < p.Tq;
-    const int last_row = min(row0 + FA_ROWS_PER_GROUP, p.Tq) - 1;
+    const uint3 pos = fa_group_position(grid_pos, p);
+    const int hkv = int(pos.y);
+    const int b = int(pos.z);
+    const int r0 = int(pos.x) * FA_BLOCK_ROWS;
+    const FaLane at = fa_lane(lane);
 
-    const fa_long group_begin = fa_key_begin(row0, p.Tq, p.Tk, p.window_left);
-    const fa_long group_end = fa_key_end(last_row, p.Tq, p.Tk, p.window_right);
-    const fa_long row_begin = active ? fa_key_begin(i, p.Tq, p.Tk, p.window_left) : 0;
-    const fa_long row_end = active ? fa_key_end(i, p.Tq, p.Tk, p.window_right) : 0;
-
-    float qr[HD];
-    float gr[HD];
-    float acc[HD];
-    const fa_long qo = fa_offset(p.q.b, p.q.t, p.q.h, b, i, h);
-    const fa_long go = fa_offset(p.dout.b, p.dout.t, p.dout.h, b, i, h);
-    for (int d = 0; d < D; ++d) {
-        qr[d] = active ? q[qo + d] : 0.0f;
-        gr[d] = active ? dout[go + d] : 0.0f;
-        acc[d] = 0.0f;
-    }
-    const fa_long stat = (fa_long(b) * p.H + h) * p.Tq + i;
-    // Only read when the row sees a key: then lse is finite.
-    const float row_lse = row_begin < row_end ? lse[stat] : 0.0f;
-    const float row_delta = row_begin < row_end ? delta[stat] : 0.0f;
-
-    for (fa_long j0 = group_begin; j0 < group_end; j0 += TILE) {
-        const int n = int(group_end - j0 < TILE ? group_end - j0 : TILE);
-
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        for (int e = int(tid); e < n * D; e += FA_ROWS_PER_GROUP) {
-            const int r = e / D;
-            const int d = e - r * D;
-            Ks[r * HD + d] = k[fa_offset(p.k.b, p.k.t, p.k.h, b, j0 + r, hkv) + d];
-            Vs[r * HD + d] = v[fa_offset(p.v.b, p.v.t, p.v.h, b, j0 + r, hkv) + d];
+    const FaQueryRow row = fa_query_row(p, hkv, r0 + int(sg) * 8 + at.row);
+    int row_begin = 0x3fffffff, row_end = 0;
+    float row_lse = INFINITY, row_delta = 0.0f;
+    if (row.valid) {
+        row_begin = int(fa_key_begin(row.t, p.Tq, p.Tk, p.window_left));
+        row_end = int(fa_key_end(row.t, p.Tq, p.Tk, p.window_right));
+        const fa_long stat = (fa_long(b) * p.H + row.h) * p.Tq + row.t;
+        if (row_begin < row_end) {
+            row_lse = fa_row_lse(lse[stat]);
+            row_delta = delta[stat];
         }
+    }
+    int t_lo, t_hi;
+    fa_row_span(p, r0, FA_BLOCK_ROWS, t_lo, t_hi);
+    const int group_begin = int(fa_key_begin(t_lo, p.Tq, p.Tk, p.window_left));
+    const int group_end = int(fa_key_end(t_hi, p.Tq, p.Tk, p.window_right));
+
+    FaRowFragments<HD, FA_BWD_ROWS_IN_REGISTERS(HD)> Q, G;
+    Q.load(row.valid ? q + fa_offset(p.q.b, p.q.t, p.q.h, b, row.t, row.h) : nullptr, at.col, p.D,
+           p.scale);
+    G.load(row.valid ? dout + fa_offset(p.dout.b, p.dout.t, p.dout.h, b, row.t, row.h) : nullptr,
+           at.col, p.D, 1.0f);
+
+    fa_frag dQ[HD / 8];
+    FA_UNROLL
+    for (int d8 = 0; d8 < HD / 8; ++d8) dQ[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+
+    device const float* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
+    device const float* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);
+    for (int j0 = group_begin; j0 < group_end; j0 += BK) {
+        const int n = min(BK, group_end - j0);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        fa_stage<HD, FA_STAGE(HD)>(Ks, k_head + fa_long(j0) * p.k.t, p.k.t, n, p.D, 1.0f, tid);
+        fa_stage<HD, FA_STAGE(HD)>(Vs, v_head + fa_long(j0) * p.v.t, p.v.t, n, p.D, 1.0f, tid);
         threadgroup_barrier(mem_flags::mem_threadgroup);
 
-        if (!active) continue;
-        for (int r = 0; r < n; ++r) {
-            const fa_long j = j0 + r;
-            if (j < row_begin || j >= row_end) continue;
-            threadgroup const float* kj = Ks + r * HD;
-            threadgroup const float* vj = Vs + r * HD;
-            float s = 0.0f;
-            float dp = 0.0f;
-            for (int d = 0; d < D; ++d) {
-                s = fma(qr[d], kj[d], s);
-                dp = fma(gr[d], vj[d], dp);
+        const FaTile tile = fa_classify(row_begin, row_end, j0, BK);
+        if (tile == fa_tile_skip) continue;
+
+        // S = Q K^T and dP = dout V^T, then dS = P (dP - delta) in S's place.
+        fa_frag S[BK / 8], dP[BK / 8];
+        FA_UNROLL
+        for (int k8 = 0; k8 < BK / 8; ++k8) {
+            S[k8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+            dP[k8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+            FA_UNROLL
+            for (int d8 = 0; d8 < HD / 8; ++d8) {
+                fa_frag kt, vt;
+                simdgroup_load(kt, Ks + k8 * 8 * LD + d8 * 8, ulong(LD), ulong2(0, 0), true);
+                simdgroup_load(vt, Vs + k8 * 8 * LD + d8 * 8, ulong(LD), ulong2(0, 0), true);
+                simdgroup_multiply_accumulate(S[k8], Q.frag(d8), kt, S[k8]);
+                simdgroup_multiply_accumulate(dP[k8], G.frag(d8), vt, dP[k8]);
             }
-            const float prob = exp(s * p.scale - row_lse);
-            const float ds = prob * (dp - row_delta);
-            for (int d = 0; d < D; ++d) acc[d] = fma(ds, kj[d], acc[d]);
+            FA_UNROLL
+            for (int i = 0; i < 2; ++i) {
+                const int j = j0 + k8 * 8 + at.col + i;
+                const bool seen = tile == fa_tile_full || (j >= row_begin && j < row_end);
+                const float prob = seen ? fa_prob(S[k8].thread_elements()[i], row_lse) : 0.0f;
+                S[k8].thread_elements()[i] = prob * (dP[k8].thread_elements()[i] - row_delta);
+            }
+        }
+        // dQ += dS K.
+        FA_UNROLL
+        for (int d8 = 0; d8 < HD / 8; ++d8) {
+            FA_UNROLL
+            for (int k8 = 0; k8 < BK / 8; ++k8) {
+                fa_frag kf;
+                simdgroup_load(kf, Ks + k8 * 8 * LD + d8 * 8, ulong(LD));
+                simdgroup_multiply_accumulate(dQ[d8], S[k8], kf, dQ[d8]);
+            }
         }
     }
 
-    if (!active) return;
-    const fa_long out = fa_offset(p.dq.b, p.dq.t, p.dq.h, b, i, h);
-    for (int d = 0; d < D; ++d) dq[out + d] = acc[d] * p.scale;
+    if (!row.valid || at.col >= p.D) return;
+    device float* out = dq + fa_offset(p.dq.b, p.dq.t, p.dq.h, b, row.t, row.h);
+    FA_UNROLL
+    for (int d8 = 0; d8 < HD / 8; ++d8) {
+        const int c = d8 * 8 + at.col;
+        if (fa_head_full || c < p.D) out[c] = dQ[d8].thread_elements()[0] * p.scale;
+        if (fa_head_full || c + 1 < p.D) out[c + 1] = dQ[d8].thread_elements()[1] * p.scale;
+    }
 }
 
-// dk and dv for FA_ROWS_PER_GROUP key rows of one (batch, kv head), summed
-// over the `group` query heads that share the kv head and over the query rows
-// that see each key. Fused: the q.k product and P are computed once for both.
-// Threadgroup memory: Qs + Gs = 2 * FA_TILE(HD) * HD floats, plus
-// 2 * FA_TILE(HD) for lse and delta (<= 16.1 KiB).
+// dk and dv for FA_BLOCK_ROWS key rows of one kv head, columns [c0, c0 +
+// FA_BWD_DCHUNK(HD)) of D (grid.y = Hkv * HD / FA_BWD_DCHUNK(HD)), summed
+// over the query heads of the group and the query rows that see each key.
+// Q blocks (scaled by `scale`, as the forward scales Q, so S^T holds the
+// forward's scores bit for bit) and dout blocks of FA_STAGE(HD) rows are
+// staged with their lse and delta.
 template <int HD>
 kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
                            device const float* k [[buffer(1)]],
@@ -136,88 +171,120 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
                            device float* dv [[buffer(7)]],
                            constant FlashParams& p [[buffer(8)]],
                            uint3 grid_pos [[threadgroup_position_in_grid]],
-                           uint tid [[thread_index_in_threadgroup]]) {
-    const uint3 group_pos = fa_group_position(grid_pos, p);
-    const int TILE = FA_TILE(HD);
-    FA_TG_ARRAY(float, Qs, FA_TILE(HD) * HD);
-    FA_TG_ARRAY(float, Gs, FA_TILE(HD) * HD);
-    FA_TG_ARRAY(float, Ls, FA_TILE(HD));
-    FA_TG_ARRAY(float, Ds, FA_TILE(HD));
+                           uint tid [[thread_index_in_threadgroup]],
+                           uint lane [[thread_index_in_simdgroup]],
+                           uint sg [[simdgroup_index_in_threadgroup]]) {
+    const int BQ = FA_STAGE(HD);
+    const int LD = FA_LD(HD);
+    const int DC = FA_BWD_DCHUNK(HD);
+    FA_TG_ARRAY(float, Qs, FA_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(float, Gs, FA_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(float, Ls, FA_STAGE(HD));
+    FA_TG_ARRAY(float, Ds, FA_STAGE(HD));
 
-    const int D = p.D;
-    const int hkv = int(group_pos.y);
-    const int b = int(group_pos.z);
-    const int col0 = int(group_pos.x) * FA_ROWS_PER_GROUP;
-    const int j = col0 + int(tid);
-    const bool active = j < p.Tk;
-    const int last_col = min(col0 + FA_ROWS_PER_GROUP, p.Tk) - 1;
+    const uint3 pos = fa_group_position(grid_pos, p);
+    const int chunks = HD / DC;
+    const int hkv = int(pos.y) / chunks;
+    const int c0 = (int(pos.y) % chunks) * DC;
+    const int b = int(pos.z);
+    const int j_first = int(pos.x) * FA_BLOCK_ROWS;
+    const FaLane at = fa_lane(lane);
 
-    // Query rows that see any key of the group, and those that see key j.
-    const fa_long group_begin = fa_query_begin(col0, p.Tq, p.Tk, p.window_right);
-    const fa_long group_end = fa_query_end(last_col, p.Tq, p.Tk, p.window_left);
-    const fa_long col_begin = active ? fa_query_begin(j, p.Tq, p.Tk, p.window_right) : 0;
-    const fa_long col_end = active ? fa_query_end(j, p.Tq, p.Tk, p.window_left) : 0;
+    // This lane's key (shared with lanes ^1, ^8, ^9) and the queries seeing it.
+    const int j = j_first + int(sg) * 8 + at.row;
+    const bool key_valid = j < p.Tk;
+    int col_begin = 0x3fffffff, col_end = 0;
+    if (key_valid) {
+        col_begin = int(fa_query_begin(j, p.Tq, p.Tk, p.window_right));
+        col_end = int(fa_query_end(j, p.Tq, p.Tk, p.window_left));
+    }
+    const int j_last = min(j_first + FA_BLOCK_ROWS, p.Tk) - 1;
+    const int group_begin = int(fa_query_begin(j_first, p.Tq, p.Tk, p.window_right));
+    const int group_end = int(fa_query_end(j_last, p.Tq, p.Tk, p.window_left));
 
-    float kr[HD];
-    float vr[HD];
-    float dk_acc[HD];
-    float dv_acc[HD];
-    const fa_long ko = fa_offset(p.k.b, p.k.t, p.k.h, b, j, hkv);
-    const fa_long vo = fa_offset(p.v.b, p.v.t, p.v.h, b, j, hkv);
-    for (int d = 0; d < D; ++d) {
-        kr[d] = active ? k[ko + d] : 0.0f;
-        vr[d] = active ? v[vo + d] : 0.0f;
-        dk_acc[d] = 0.0f;
-        dv_acc[d] = 0.0f;
+    FaRowFragments<HD, FA_BWD_ROWS_IN_REGISTERS(HD)> K, V;
+    K.load(key_valid ? k + fa_offset(p.k.b, p.k.t, p.k.h, b, j, hkv) : nullptr, at.col, p.D, 1.0f);
+    V.load(key_valid ? v + fa_offset(p.v.b, p.v.t, p.v.h, b, j, hkv) : nullptr, at.col, p.D, 1.0f);
+
+    fa_frag dK[DC / 8], dV[DC / 8];
+    FA_UNROLL
+    for (int d8 = 0; d8 < DC / 8; ++d8) {
+        dK[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+        dV[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     }
 
     for (int g = 0; g < p.group; ++g) {
         const int h = hkv * p.group + g;
         const fa_long stat0 = (fa_long(b) * p.H + h) * p.Tq;
-        for (fa_long i0 = group_begin; i0 < group_end; i0 += TILE) {
-            const int n = int(group_end - i0 < TILE ? group_end - i0 : TILE);
-
+        device const float* q_head = q + fa_offset(p.q.b, p.q.t, p.q.h, b, 0, h);
+        device const float* g_head = dout + fa_offset(p.dout.b, p.dout.t, p.dout.h, b, 0, h);
+        for (int i0 = group_begin; i0 < group_end; i0 += BQ) {
+            const int n = min(BQ, group_end - i0);
             threadgroup_barrier(mem_flags::mem_threadgroup);
-            for (int e = int(tid); e < n * D; e += FA_ROWS_PER_GROUP) {
-                const int r = e / D;
-                const int d = e - r * D;
-                Qs[r * HD + d] = q[fa_offset(p.q.b, p.q.t, p.q.h, b, i0 + r, h) + d];
-                Gs[r * HD + d] = dout[fa_offset(p.dout.b, p.dout.t, p.dout.h, b, i0 + r, h) + d];
-            }
-            for (int r = int(tid); r < n; r += FA_ROWS_PER_GROUP) {
-                Ls[r] = lse[stat0 + i0 + r];
-                Ds[r] = delta[stat0 + i0 + r];
+            fa_stage<HD, FA_STAGE(HD)>(Qs, q_head + fa_long(i0) * p.q.t, p.q.t, n, p.D, p.scale, tid);
+            fa_stage<HD, FA_STAGE(HD)>(Gs, g_head + fa_long(i0) * p.dout.t, p.dout.t, n, p.D, 1.0f, tid);
+            for (int r = int(tid); r < BQ; r += FA_THREADS) {
+                Ls[r] = r < n ? fa_row_lse(lse[stat0 + i0 + r]) : INFINITY;
+                Ds[r] = r < n ? delta[stat0 + i0 + r] : 0.0f;
             }
             threadgroup_barrier(mem_flags::mem_threadgroup);
 
-            if (!active) continue;
-            for (int r = 0; r < n; ++r) {
-                const fa_long i = i0 + r;
-                if (i < col_begin || i >= col_end) continue;
-                threadgroup const float* qi = Qs + r * HD;
-                threadgroup const float* gi = Gs + r * HD;
-                float s = 0.0f;
-                float dp = 0.0f;
-                for (int d = 0; d < D; ++d) {
-                    s = fma(qi[d], kr[d], s);
-                    dp = fma(gi[d], vr[d], dp);
+            const FaTile tile = fa_classify(col_begin, col_end, i0, BQ);
+            if (tile == fa_tile_skip) continue;
+
+            // S^T = K Q^T and dP^T = V dout^T, then P^T and dS^T in their place.
+            fa_frag St[BQ / 8], dPt[BQ / 8];
+            FA_UNROLL
+            for (int i8 = 0; i8 < BQ / 8; ++i8) {
+                St[i8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+                dPt[i8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+                FA_UNROLL
+                for (int d8 = 0; d8 < HD / 8; ++d8) {
+                    fa_frag qt, gt;
+                    simdgroup_load(qt, Qs + i8 * 8 * LD + d8 * 8, ulong(LD), ulong2(0, 0), true);
+                    simdgroup_load(gt, Gs + i8 * 8 * LD + d8 * 8, ulong(LD), ulong2(0, 0), true);
+                    simdgroup_multiply_accumulate(St[i8], K.frag(d8), qt, St[i8]);
+                    simdgroup_multiply_accumulate(dPt[i8], V.frag(d8), gt, dPt[i8]);
                 }
-                const float prob = exp(s * p.scale - Ls[r]);
-                const float ds = prob * (dp - Ds[r]);
-                for (int d = 0; d < D; ++d) {
-                    dv_acc[d] = fma(prob, gi[d], dv_acc[d]);
-                    dk_acc[d] = fma(ds, qi[d], dk_acc[d]);
+                FA_UNROLL
+                for (int e = 0; e < 2; ++e) {
+                    const int ci = i8 * 8 + at.col + e;  // query i0 + ci
+                    const bool seen = tile == fa_tile_full ||
+                                      (i0 + ci >= col_begin && i0 + ci < col_end);
+                    const float prob = seen ? fa_prob(St[i8].thread_elements()[e], Ls[ci]) : 0.0f;
+                    St[i8].thread_elements()[e] = prob;
+                    dPt[i8].thread_elements()[e] = prob * (dPt[i8].thread_elements()[e] - Ds[ci]);
+                }
+            }
+            // dV += P^T dout and dK += dS^T (scale q), on this threadgroup's columns.
+            FA_UNROLL
+            for (int d8 = 0; d8 < DC / 8; ++d8) {
+                FA_UNROLL
+                for (int i8 = 0; i8 < BQ / 8; ++i8) {
+                    fa_frag gf, qf;
+                    simdgroup_load(gf, Gs + i8 * 8 * LD + c0 + d8 * 8, ulong(LD));
+                    simdgroup_load(qf, Qs + i8 * 8 * LD + c0 + d8 * 8, ulong(LD));
+                    simdgroup_multiply_accumulate(dV[d8], St[i8], gf, dV[d8]);
+                    simdgroup_multiply_accumulate(dK[d8], dPt[i8], qf, dK[d8]);
                 }
             }
         }
     }
 
-    if (!active) return;
-    const fa_long ko_out = fa_offset(p.dk.b, p.dk.t, p.dk.h, b, j, hkv);
-    const fa_long vo_out = fa_offset(p.dv.b, p.dv.t, p.dv.h, b, j, hkv);
-    for (int d = 0; d < D; ++d) {
-        dk[ko_out + d] = dk_acc[d] * p.scale;
-        dv[vo_out + d] = dv_acc[d];
+    if (!key_valid || c0 + at.col >= p.D) return;
+    device float* dk_row = dk + fa_offset(p.dk.b, p.dk.t, p.dk.h, b, j, hkv);
+    device float* dv_row = dv + fa_offset(p.dv.b, p.dv.t, p.dv.h, b, j, hkv);
+    FA_UNROLL
+    for (int d8 = 0; d8 < DC / 8; ++d8) {
+        const int c = c0 + d8 * 8 + at.col;
+        if (fa_head_full || c < p.D) {
+            dk_row[c] = dK[d8].thread_elements()[0];
+            dv_row[c] = dV[d8].thread_elements()[0];
+        }
+        if (fa_head_full || c + 1 < p.D) {
+            dk_row[c + 1] = dK[d8].thread_elements()[1];
+            dv_row[c + 1] = dV[d8].thread_elements()[1];
+        }
     }
 }
 
@@ -225,10 +292,10 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
     template FA_HOST_NAME("flash_bwd_dq_f32_hd" #HD) kernel void flash_bwd_dq<HD>(             \
         device const float*, device const float*, device const float*, device const float*,    \
         device const float*, device const float*, device float*, constant FlashParams&, uint3,  \
-        uint);                                                                                  \
+        uint, uint, uint);                                                                      \
     template FA_HOST_NAME("flash_bwd_dkdv_f32_hd" #HD) kernel void flash_bwd_dkdv<HD>(         \
         device const float*, device const float*, device const float*, device const float*,    \
         device const float*, device const float*, device float*, device float*,                \
-        constant FlashParams&, uint3, uint);
+        constant FlashParams&, uint3, uint, uint, uint);
 
 FA_HEAD_BUCKETS(FA_INSTANTIATE_BWD)

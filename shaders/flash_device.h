@@ -1,12 +1,172 @@
-// Helpers only kernel code uses (it needs the Metal vector types and address
-// spaces, so C++ host code never includes this file).
+// What the tiled kernels share: the function constants, a lane's place in
+// an 8x8 simdgroup_matrix, the row numbering of a threadgroup, staging of a
+// tile into threadgroup memory, the row fragments of a SIMD group, and the
+// visibility classification of a tile. Kernel code only (it uses Metal's
+// vector types and address spaces): C++ host code never includes it.
 #pragma once
 
 #include "flash_kernels.h"
+
+using namespace metal;
+
+FA_FUNCTION_CONSTANT(bool, fa_head_full, FA_FC_HEAD_FULL)
+FA_FUNCTION_CONSTANT(bool, fa_head_vec4, FA_FC_HEAD_VEC4)
+
+typedef simdgroup_matrix<float, 8, 8> fa_frag;
 
 // The threadgroup's position in the whole launch: its position in the
 // dispatched piece plus the piece's origin (FlashParams::group_offset_*).
 FA_INLINE uint3 fa_group_position(uint3 grid_pos, constant FlashParams& p) {
     return uint3(grid_pos.x + uint(p.group_offset_x), grid_pos.y + uint(p.group_offset_y),
                  grid_pos.z + uint(p.group_offset_z));
+}
+
+// The lane's two elements of an 8x8 fragment: (row, col) and (row, col + 1)
+// (Apple's layout, as MLX's steel mma.h get_coord spells it).
+struct FaLane {
+    int row, col;
+};
+FA_INLINE FaLane fa_lane(uint lane) {
+    const int q = int(lane) / 4;
+    FaLane at;
+    at.row = (q & 4) + (int(lane) / 2) % 4;
+    at.col = (q & 2) * 2 + (int(lane) % 2) * 2;
+    return at;
+}
+
+// The lanes that share a row of a fragment are lane ^ 1, ^ 8 and ^ 9: a row
+// reduction is two shuffles.
+FA_INLINE float fa_row_max(float x) {
+    x = max(x, simd_shuffle_xor(x, ushort(1)));
+    return max(x, simd_shuffle_xor(x, ushort(8)));
+}
+FA_INLINE float fa_row_sum(float x) {
+    x += simd_shuffle_xor(x, ushort(1));
+    return x + simd_shuffle_xor(x, ushort(8));
+}
+
+// A query row of the packed numbering (FlashParams::rows_per_head): row r
+// of kv head hkv is query head hkv * group + r / rows_per_head, position
+// r % rows_per_head, valid when that is < Tq.
+struct FaQueryRow {
+    int h, t;
+    bool valid;
+};
+FA_INLINE FaQueryRow fa_query_row(constant FlashParams& p, int hkv, int r) {
+    FaQueryRow q;
+    const int g = r / p.rows_per_head;
+    q.t = r - g * p.rows_per_head;
+    q.h = hkv * p.group + g;
+    q.valid = g < p.group && q.t < p.Tq;
+    return q;
+}
+
+// The positions t that rows [r0, r0 + n) of the packed numbering cover,
+// as a range [lo, hi] (conservative when the rows span two heads).
+FA_INLINE void fa_row_span(constant FlashParams& p, int r0, int n, thread int& lo, thread int& hi) {
+    const int g0 = r0 / p.rows_per_head, g1 = (r0 + n - 1) / p.rows_per_head;
+    const int t0 = r0 - g0 * p.rows_per_head, t1 = r0 + n - 1 - g1 * p.rows_per_head;
+    lo = g0 == g1 ? t0 : 0;
+    hi = min(g0 == g1 ? t1 : p.rows_per_head - 1, p.Tq - 1);
+}
+
+// Two adjacent elements of a row, zero past column n: a fragment's lane
+// elements loaded straight from device memory.
+FA_INLINE float2 fa_load_pair(device const float* row, int c, int n) {
+    if (fa_head_full || c + 1 < n) return float2(row[c], row[c + 1]);
+    return float2(c < n ? row[c] : 0.0f, 0.0f);
+}
+
+// Four consecutive floats as one vector load (packed_float4 needs only the
+// floats' own alignment). The C++ side reads them one by one: the same
+// values, without reinterpreting a float array as vectors.
+FA_INLINE float4 fa_load4(device const float* p) {
+#ifdef __METAL_VERSION__
+    return float4(*reinterpret_cast<device const packed_float4*>(p));
+#else
+    return float4(p[0], p[1], p[2], p[3]);
+#endif
+}
+
+// Copies `rows` rows of HD columns (the first D of each from `src`, rows
+// `pitch` elements apart, times `scale`; zeros past D and past `rows`) into
+// a staged tile of STAGE rows of pitch FA_LD(HD). All threads of the group
+// take part.
+template <int HD, int STAGE>
+FA_INLINE void fa_stage(threadgroup float* tile, device const float* src, fa_long pitch, int rows,
+                        int D, float scale, uint tid) {
+    const int quads = HD / 4;
+    for (int e = int(tid); e < STAGE * quads; e += FA_THREADS) {
+        const int r = e / quads;
+        const int c = (e - r * quads) * 4;
+        float4 x = float4(0.0f);
+        if (r < rows) {
+            device const float* row = src + fa_long(r) * pitch;
+            if (fa_head_vec4 && c < D) {
+                x = fa_load4(row + c);
+            } else {
+                for (int i = 0; i < 4; ++i) x[i] = c + i < D ? row[c + i] : 0.0f;
+            }
+        }
+        threadgroup float* dst = tile + r * FA_LD(HD) + c;
+        dst[0] = x[0] * scale;
+        dst[1] = x[1] * scale;
+        dst[2] = x[2] * scale;
+        dst[3] = x[3] * scale;
+    }
+}
+
+// The 8 x HD rows of one operand that a SIMD group multiplies by, as
+// fragments (frag(d8) is columns 8*d8 .. 8*d8+7), scaled by `scale`. With
+// IN_REGISTERS they are loaded once and live in HD/4 registers per thread;
+// otherwise each frag() loads the lane's two elements again from device
+// memory. Rows the SIMD group does not own (row == 0) are zero.
+template <int HD, bool IN_REGISTERS>
+struct FaRowFragments;
+
+template <int HD>
+struct FaRowFragments<HD, true> {
+    fa_frag f[HD / 8];
+
+    FA_INLINE void load(device const float* row, int col, int D, float scale) {
+        FA_UNROLL
+        for (int d8 = 0; d8 < HD / 8; ++d8) {
+            const float2 x = row ? fa_load_pair(row, d8 * 8 + col, D) : float2(0.0f);
+            f[d8].thread_elements()[0] = x[0] * scale;
+            f[d8].thread_elements()[1] = x[1] * scale;
+        }
+    }
+    FA_INLINE fa_frag frag(int d8) const { return f[d8]; }
+};
+
+template <int HD>
+struct FaRowFragments<HD, false> {
+    device const float* row_;
+    int col_, D_;
+    float scale_;
+
+    FA_INLINE void load(device const float* row, int col, int D, float scale) {
+        row_ = row, col_ = col, D_ = D, scale_ = scale;
+    }
+    FA_INLINE fa_frag frag(int d8) const {
+        const float2 x = row_ ? fa_load_pair(row_, d8 * 8 + col_, D_) : float2(0.0f);
+        fa_frag m;
+        m.thread_elements()[0] = x[0] * scale_;
+        m.thread_elements()[1] = x[1] * scale_;
+        return m;
+    }
+};
+
+// How a SIMD group meets one tile of (its 8 rows) x (a block of columns):
+// not at all, every element visible, or element by element. Decided from
+// each lane's row range [begin, end) of visible columns, made uniform
+// across the SIMD group (the matrix operations need all 32 lanes).
+enum FaTile { fa_tile_skip, fa_tile_full, fa_tile_masked };
+
+FA_INLINE FaTile fa_classify(int begin, int end, int c0, int width) {
+    const int lo = simd_min(begin), hi = simd_max(end);
+    const int lo_end = simd_min(end), hi_begin = simd_max(begin);
+    if (c0 >= hi || c0 + width <= lo || lo >= hi) return fa_tile_skip;
+    if (c0 >= hi_begin && c0 + width <= lo_end) return fa_tile_full;
+    return fa_tile_masked;
 }

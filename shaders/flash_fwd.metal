@@ -1,26 +1,37 @@
-// Fused attention forward: o = softmax(scale * q k^T, masked) v and the
-// per-row log-sum-exp, without ever writing a T^2 matrix.
+// Fused attention forward on simdgroup matrices: o = softmax(scale q k^T,
+// masked) v and the per-row log-sum-exp, without ever writing a T^2 matrix.
 //
-// Work split (the seed's): one GPU thread per query row, FA_ROWS_PER_GROUP
-// consecutive rows of one (batch, head) per threadgroup. K and V reach the
-// group through threadgroup memory, FA_TILE(HD) key rows at a time, staged by
-// all threads together, so each K/V element is read from device memory once
-// per threadgroup instead of once per row. Only the keys some row of the
-// group can see are visited: blocks outside the causal/window band are never
-// loaded, so cost follows the window, not Tk.
+// Work split (MLX steel attention, metal-flash-attention): a threadgroup of
+// FA_SIMDGROUPS SIMD groups owns FA_BLOCK_ROWS query rows of one kv head
+// (the packed numbering of FlashParams::rows_per_head: in decode the query
+// heads of a GQA group share the block, so each K/V row is read once per kv
+// head); each SIMD group owns 8 of them. K and V blocks of FA_STAGE(HD) keys
+// are staged in threadgroup memory, zero-padded to the bucket; per block a
+// SIMD group computes S = Q K^T (8 x FA_STAGE fragments), the online softmax
+// on S's fragments (row reductions by two shuffles; exp2 of score
+// differences times log2(e)), and O += P V (8 x HD fragments, in registers
+// for the whole kernel). A tile is skipped, computed unmasked or masked per
+// element (fa_classify), so cost follows the causal/window band.
 //
-// Online softmax (FlashAttention-2): m = running max, l = running sum,
-// acc = running unnormalised output; divided by l once at the end. m starts
-// at -FLT_MAX, never -INFINITY, because exp(-inf - (-inf)) is NaN. A row that
-// sees no key gets o = 0, lse = -inf.
+// Split-KV (FlashParams::kv_splits > 1, decode with few threadgroups): the
+// key range is cut into kv_splits chunks, grid.z = B * kv_splits; each
+// chunk writes its normalised o and lse to the partial_o / partial_lse
+// scratch bound in place of o and lse, and flash_fwd_merge_f32 combines
+// them exactly.
 //
-// Threadgroup memory: Ks + Vs = 2 * FA_TILE(HD) * HD floats
-// (hd32 8 KiB, hd64 16 KiB, hd96 12 KiB, hd128 16 KiB, hd256 16 KiB).
+// Online softmax (FlashAttention-2): m = running max (starts at -FLT_MAX, so
+// the weight of a masked -inf score is 0 and never NaN), l = running sum, O
+// unnormalised, P = exp2((S - m) log2(e)). Scores stay in natural units, Q
+// scaled by `scale` only: the backward recomputes S bit for bit and
+// subtracts the natural-log lse before the same conversion, so a row whose
+// softmax is one-hot gets P = exp2(0) = 1 exactly even at scores of 1e5
+// (folding log2(e) into Q would need lse in log2 units, and converting lse
+// costs an ulp of the score: 1% of P there). A row that sees no key, or whose every score
+// is -inf, gets o = 0 and lse = -inf; NaN and +inf scores propagate as IEEE
+// says (fmax ignores a NaN, but exp2(NaN) poisons l and O).
 #include <metal_stdlib>
 
 #include "flash_device.h"
-
-using namespace metal;
 
 template <int HD>
 kernel void flash_fwd(device const float* q [[buffer(0)]],
@@ -30,84 +41,190 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
                       device float* lse [[buffer(4)]],
                       constant FlashParams& p [[buffer(5)]],
                       uint3 grid_pos [[threadgroup_position_in_grid]],
-                      uint tid [[thread_index_in_threadgroup]]) {
-    const uint3 group_pos = fa_group_position(grid_pos, p);
-    const int TILE = FA_TILE(HD);
-    FA_TG_ARRAY(float, Ks, FA_TILE(HD) * HD);
-    FA_TG_ARRAY(float, Vs, FA_TILE(HD) * HD);
+                      uint tid [[thread_index_in_threadgroup]],
+                      uint lane [[thread_index_in_simdgroup]],
+                      uint sg [[simdgroup_index_in_threadgroup]]) {
+    const int BK = FA_STAGE(HD);
+    const int LD = FA_LD(HD);
+    FA_TG_ARRAY(float, Ks, FA_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(float, Vs, FA_STAGE(HD) * FA_LD(HD));
 
-    const int D = p.D;
-    const int h = int(group_pos.y);
-    const int b = int(group_pos.z);
-    const int hkv = h / p.group;
-    const int row0 = int(group_pos.x) * FA_ROWS_PER_GROUP;
-    const int i = row0 + int(tid);
-    const bool active = i < p.Tq;
-    const int last_row = min(row0 + FA_ROWS_PER_GROUP, p.Tq) - 1;
+    const uint3 pos = fa_group_position(grid_pos, p);
+    const int hkv = int(pos.y);
+    const int b = int(pos.z) % p.B;
+    const int split = int(pos.z) / p.B;
+    const int r0 = int(pos.x) * FA_BLOCK_ROWS;
+    const FaLane at = fa_lane(lane);
 
-    // Keys seen by any row of the group (begin and end grow with the row),
-    // uniform across the group so every thread meets the same barriers.
-    const fa_long group_begin = fa_key_begin(row0, p.Tq, p.Tk, p.window_left);
-    const fa_long group_end = fa_key_end(last_row, p.Tq, p.Tk, p.window_right);
-    // This row's own keys.
-    const fa_long row_begin = active ? fa_key_begin(i, p.Tq, p.Tk, p.window_left) : 0;
-    const fa_long row_end = active ? fa_key_end(i, p.Tq, p.Tk, p.window_right) : 0;
-
-    float qr[HD];
-    float acc[HD];
-    const fa_long qo = fa_offset(p.q.b, p.q.t, p.q.h, b, i, h);
-    for (int d = 0; d < D; ++d) {
-        qr[d] = active ? q[qo + d] : 0.0f;
-        acc[d] = 0.0f;
+    // This lane's query row (shared with lanes ^1, ^8, ^9) and its keys.
+    const FaQueryRow row = fa_query_row(p, hkv, r0 + int(sg) * 8 + at.row);
+    int row_begin = 0x3fffffff, row_end = 0;
+    if (row.valid) {
+        row_begin = int(fa_key_begin(row.t, p.Tq, p.Tk, p.window_left));
+        row_end = int(fa_key_end(row.t, p.Tq, p.Tk, p.window_right));
     }
+    // Keys any row of the threadgroup sees (uniform: every thread meets the
+    // same barriers), cut to this split's chunk.
+    int t_lo, t_hi;
+    fa_row_span(p, r0, FA_BLOCK_ROWS, t_lo, t_hi);
+    int group_begin = int(fa_key_begin(t_lo, p.Tq, p.Tk, p.window_left));
+    int group_end = int(fa_key_end(t_hi, p.Tq, p.Tk, p.window_right));
+    if (p.kv_splits > 1) {
+        const int chunk = (p.Tk + p.kv_splits - 1) / p.kv_splits;
+        group_begin = max(group_begin, split * chunk);
+        group_end = min(group_end, (split + 1) * chunk);
+    }
+
+    FaRowFragments<HD, FA_FWD_Q_IN_REGISTERS(HD)> Q;
+    Q.load(row.valid ? q + fa_offset(p.q.b, p.q.t, p.q.h, b, row.t, row.h) : nullptr, at.col, p.D,
+           p.scale);
+
+    fa_frag O[HD / 8];
+    FA_UNROLL
+    for (int d8 = 0; d8 < HD / 8; ++d8) O[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     float m = -FLT_MAX;
     float l = 0.0f;
 
-    for (fa_long j0 = group_begin; j0 < group_end; j0 += TILE) {
-        const int n = int(group_end - j0 < TILE ? group_end - j0 : TILE);
-
-        // Nobody may still be reading the previous tile.
+    device const float* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
+    device const float* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);
+    for (int j0 = group_begin; j0 < group_end; j0 += BK) {
+        const int n = min(BK, group_end - j0);
+        // Nobody may still be reading the previous block.
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        for (int e = int(tid); e < n * D; e += FA_ROWS_PER_GROUP) {
-            const int r = e / D;
-            const int d = e - r * D;
-            Ks[r * HD + d] = k[fa_offset(p.k.b, p.k.t, p.k.h, b, j0 + r, hkv) + d];
-            Vs[r * HD + d] = v[fa_offset(p.v.b, p.v.t, p.v.h, b, j0 + r, hkv) + d];
+        fa_stage<HD, FA_STAGE(HD)>(Ks, k_head + fa_long(j0) * p.k.t, p.k.t, n, p.D, 1.0f, tid);
+        fa_stage<HD, FA_STAGE(HD)>(Vs, v_head + fa_long(j0) * p.v.t, p.v.t, n, p.D, 1.0f, tid);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+
+        const FaTile tile = fa_classify(row_begin, row_end, j0, BK);
+        if (tile == fa_tile_skip) continue;
+
+        // S = Q K^T: K^T's fragment (d8, k8) is the transposed load of Ks.
+        fa_frag S[BK / 8];
+        FA_UNROLL
+        for (int k8 = 0; k8 < BK / 8; ++k8) {
+            S[k8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+            FA_UNROLL
+            for (int d8 = 0; d8 < HD / 8; ++d8) {
+                fa_frag kt;
+                simdgroup_load(kt, Ks + k8 * 8 * LD + d8 * 8, ulong(LD), ulong2(0, 0), true);
+                simdgroup_multiply_accumulate(S[k8], Q.frag(d8), kt, S[k8]);
+            }
         }
-        threadgroup_barrier(mem_flags::mem_threadgroup);
 
-        if (!active) continue;
-        for (int r = 0; r < n; ++r) {
-            const fa_long j = j0 + r;
-            if (j < row_begin || j >= row_end) continue;
-            threadgroup const float* kj = Ks + r * HD;
-            float s = 0.0f;
-            for (int d = 0; d < D; ++d) s = fma(qr[d], kj[d], s);
-            s *= p.scale;
+        // Online softmax on the lane's elements of its row.
+        float tile_max = -INFINITY;
+        FA_UNROLL
+        for (int k8 = 0; k8 < BK / 8; ++k8) {
+            FA_UNROLL
+            for (int i = 0; i < 2; ++i) {
+                const int j = j0 + k8 * 8 + at.col + i;
+                float s = S[k8].thread_elements()[i];
+                if (tile == fa_tile_masked && (j < row_begin || j >= row_end)) s = -INFINITY;
+                S[k8].thread_elements()[i] = s;
+                tile_max = max(tile_max, s);
+            }
+        }
+        const float m_new = max(m, fa_row_max(tile_max));
+        const float factor = exp2((m - m_new) * M_LOG2E_F);
+        float tile_sum = 0.0f;
+        FA_UNROLL
+        for (int k8 = 0; k8 < BK / 8; ++k8) {
+            FA_UNROLL
+            for (int i = 0; i < 2; ++i) {
+                const float e = exp2((S[k8].thread_elements()[i] - m_new) * M_LOG2E_F);
+                S[k8].thread_elements()[i] = e;
+                tile_sum += e;
+            }
+        }
+        l = l * factor + fa_row_sum(tile_sum);
+        m = m_new;
 
-            const float m_new = max(m, s);
-            const float corr = exp(m - m_new);  // 0 on the first visible key
-            const float e = exp(s - m_new);
-            l = l * corr + e;
-            threadgroup const float* vj = Vs + r * HD;
-            for (int d = 0; d < D; ++d) acc[d] = fma(acc[d], corr, e * vj[d]);
-            m = m_new;
+        // O = O * factor + P V.
+        FA_UNROLL
+        for (int d8 = 0; d8 < HD / 8; ++d8) {
+            O[d8].thread_elements()[0] *= factor;
+            O[d8].thread_elements()[1] *= factor;
+            FA_UNROLL
+            for (int k8 = 0; k8 < BK / 8; ++k8) {
+                fa_frag vf;
+                simdgroup_load(vf, Vs + k8 * 8 * LD + d8 * 8, ulong(LD));
+                simdgroup_multiply_accumulate(O[d8], S[k8], vf, O[d8]);
+            }
         }
     }
 
-    if (!active) return;
-    // Decided by the mask, not by l: a NaN or inf in the input must reach
-    // o and lse of the rows it touches (l is then NaN), as IEEE says.
-    const bool sees_keys = row_begin < row_end;
-    const float inv = sees_keys ? 1.0f / l : 0.0f;
-    const fa_long oo = fa_offset(p.o.b, p.o.t, p.o.h, b, i, h);
-    for (int d = 0; d < D; ++d) o[oo + d] = acc[d] * inv;
-    lse[(fa_long(b) * p.H + h) * p.Tq + i] = sees_keys ? m + log(l) : -INFINITY;
+    if (!row.valid || at.col >= p.D) return;
+    // l == 0: no key seen (or every score -inf): o = 0, lse = -inf. A NaN l
+    // is not 0, so NaN reaches o and lse.
+    const float inv = l == 0.0f ? 0.0f : 1.0f / l;
+    const float row_lse = l == 0.0f ? -INFINITY : m + log(l);
+    device float* out;
+    fa_long lse_at;
+    if (p.kv_splits > 1) {  // this chunk's partial result, contiguous (splits, B, Tq, H, D)
+        const fa_long rows = fa_long(p.B) * p.Tq * p.H;
+        out = o + split * rows * p.D + ((fa_long(b) * p.Tq + row.t) * p.H + row.h) * p.D;
+        lse_at = split * rows + (fa_long(b) * p.H + row.h) * p.Tq + row.t;
+    } else {
+        out = o + fa_offset(p.o.b, p.o.t, p.o.h, b, row.t, row.h);
+        lse_at = (fa_long(b) * p.H + row.h) * p.Tq + row.t;
+    }
+    FA_UNROLL
+    for (int d8 = 0; d8 < HD / 8; ++d8) {
+        const int c = d8 * 8 + at.col;
+        if (fa_head_full || c < p.D) out[c] = O[d8].thread_elements()[0] * inv;
+        if (fa_head_full || c + 1 < p.D) out[c + 1] = O[d8].thread_elements()[1] * inv;
+    }
+    // One lane per row writes the row's lse (lanes ^1, ^8, ^9 share it).
+    if (at.col == 0) lse[lse_at] = row_lse;
+}
+
+// The split-KV merge: o = sum_s exp(lse_s - lse) o_s with lse = log sum_s
+// exp(lse_s), from the chunks' partial results. One SIMD group per (b, h, t)
+// row, lane s holding chunk s; a row no chunk saw gets o = 0, lse = -inf.
+kernel void flash_fwd_merge_f32(device const float* partial_o [[buffer(0)]],
+                                device const float* partial_lse [[buffer(1)]],
+                                device float* o [[buffer(2)]],
+                                device float* lse [[buffer(3)]],
+                                constant FlashParams& p [[buffer(4)]],
+                                uint3 grid_pos [[threadgroup_position_in_grid]],
+                                uint tid [[thread_index_in_threadgroup]],
+                                uint lane [[thread_index_in_simdgroup]],
+                                uint sg [[simdgroup_index_in_threadgroup]]) {
+    (void)tid;
+    const uint3 pos = fa_group_position(grid_pos, p);
+    const fa_long rows = fa_long(p.B) * p.H * p.Tq;
+    const fa_long r = fa_long(pos.x) * FA_MERGE_ROWS_PER_GROUP + sg;  // (b * H + h) * Tq + t
+    if (r >= rows) return;  // uniform across the SIMD group
+    const int t = int(r % p.Tq);
+    const int h = int(r / p.Tq % p.H);
+    const int b = int(r / (fa_long(p.Tq) * p.H));
+
+    const bool mine = int(lane) < p.kv_splits;
+    const float part_lse = mine ? partial_lse[fa_long(lane) * rows + r] : -INFINITY;
+    const float top = simd_max(part_lse);
+    // exp(-inf - top) = 0 for a chunk that saw no key; top = -inf: none did.
+    const float w = top == -INFINITY ? 0.0f : exp(part_lse - top);
+    const float total = simd_sum(w);
+    if (lane == 0) lse[r] = top == -INFINITY ? -INFINITY : top + log(total);
+    const float inv = top == -INFINITY ? 0.0f : 1.0f / total;
+
+    const fa_long part_at = ((fa_long(b) * p.Tq + t) * p.H + h) * p.D;
+    device float* out = o + fa_offset(p.o.b, p.o.t, p.o.h, b, t, h);
+    for (int d0 = 0; d0 < p.D; d0 += FA_SIMD_WIDTH) {
+        const int d = d0 + int(lane);
+        float acc = 0.0f;
+        for (int s = 0; s < p.kv_splits; ++s) {
+            const float ws = simd_shuffle(w, ushort(s));
+            const float x = d < p.D ? partial_o[fa_long(s) * rows * p.D + part_at + d] : 0.0f;
+            acc = fma(ws, x, acc);
+        }
+        if (d < p.D) out[d] = acc * inv;
+    }
 }
 
 #define FA_INSTANTIATE_FWD(HD)                                                              \
     template FA_HOST_NAME("flash_fwd_f32_hd" #HD) kernel void flash_fwd<HD>(               \
         device const float*, device const float*, device const float*, device float*,       \
-        device float*, constant FlashParams&, uint3, uint);
+        device float*, constant FlashParams&, uint3, uint, uint, uint);
 
 FA_HEAD_BUCKETS(FA_INSTANTIATE_FWD)

@@ -1,24 +1,17 @@
 // The shape of the attention kernels' GPU work split, shared by the .metal
-// sources and the C++ plan: threads per threadgroup, tile sizes, head-size
-// buckets, and the two macros that let the unchanged .metal files compile
-// as C++ (metal-sim and the compile checks define them before including us).
+// sources and the C++ plan: head-size buckets, tile sizes and threads per
+// threadgroup, the function constants, and the macros that let the
+// unchanged .metal files compile as C++ (metal-sim, the compile checks and
+// the GPU resource gate define them before including us). C++14: the
+// dialect MSL 3.x is based on.
 #pragma once
 
 #include "flash_params.h"
 
-// Rows (query rows for forward and dQ, key rows for dK/dV) per threadgroup,
-// one GPU thread per row: two SIMD groups of 32.
-#define FA_ROWS_PER_GROUP 64
-
-// Rows of the other side staged in threadgroup memory per step. Two
-// [FA_TILE(HD) x HD] float tiles are staged at a time: 8, 16, 12, 16, 16 KiB
-// for the buckets below, at most half of Apple's 32 KiB, so two threadgroups
-// can be resident per core.
-#define FA_TILE(HD) ((HD) <= 64 ? 32 : ((HD) <= 128 ? 16 : 8))
-
-// Head sizes are compiled in as buckets (register arrays must have a static
-// size); the true D is a run-time loop bound, so every D in 1..256 runs
-// fused in the smallest bucket that holds it. X is applied to each bucket.
+// Head sizes are compiled in as buckets (the register tiles must have a
+// static shape); the true D is a run-time bound, so every D in 1..256 runs
+// in the smallest bucket that holds it, zero-padded to the bucket in
+// threadgroup memory. X is applied to each bucket.
 #define FA_HEAD_BUCKETS(X) X(32) X(64) X(96) X(128) X(256)
 
 // The bucket a head size runs in; 0 when D is out of range.
@@ -26,12 +19,66 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
     return D < 1 ? 0 : D <= 32 ? 32 : D <= 64 ? 64 : D <= 96 ? 96 : D <= 128 ? 128 : D <= 256 ? 256 : 0;
 }
 
+// Every tiled kernel runs FA_SIMDGROUPS SIMD groups of 32 threads; each
+// SIMD group owns 8 rows (one 8x8 simdgroup_matrix tall): query rows in the
+// forward and dQ kernels, key rows in the dK/dV kernel. So a threadgroup
+// owns FA_BLOCK_ROWS rows. (MLX's steel attention: 32 query rows, 4 SIMD
+// groups.) docs/metal.md gives the reasoning for every size below.
+#define FA_SIMD_WIDTH 32
+#define FA_SIMDGROUPS 4
+#define FA_THREADS (FA_SIMDGROUPS * FA_SIMD_WIDTH)
+#define FA_BLOCK_ROWS (FA_SIMDGROUPS * 8)
+
+// Rows of the other operand staged in threadgroup memory per step: keys in
+// the forward and dQ kernels, queries in the dK/dV kernel. Two staged tiles
+// of FA_STAGE(HD) x FA_LD(HD) floats: 9.0, 17.0, 12.5, 16.5, 16.3 KiB.
+#define FA_STAGE(HD) ((HD) <= 64 ? 32 : ((HD) <= 128 ? 16 : 8))
+// Row pitch of a staged tile: 4 floats (16 bytes) of padding, as MLX's
+// steel kernels pad, so the rows of a transposed 8x8 load fall in different
+// banks.
+#define FA_LD(HD) ((HD) + 4)
+
+// Which operand rows a SIMD group keeps as register fragments for the whole
+// kernel (else it reloads them per step from device memory, through the
+// cache): the fragments cost HD/4 registers per thread per operand, and
+// Apple GPUs have at most 128. Forward: Q (and O always); dQ: Q and dO (and
+// dQ); dK/dV: K and V (and dK, dV).
+#define FA_FWD_Q_IN_REGISTERS(HD) ((HD) <= 128)
+#define FA_BWD_ROWS_IN_REGISTERS(HD) ((HD) <= 64)
+// The dK/dV kernel accumulates dK and dV for at most FA_BWD_DCHUNK(HD)
+// columns of D per threadgroup (2 x HD/4 registers otherwise: 128 at
+// hd256); a launch then has HD / FA_BWD_DCHUNK(HD) threadgroups per key
+// block, each recomputing the scores.
+#define FA_BWD_DCHUNK(HD) ((HD) <= 128 ? (HD) : 128)
+
+// Threads of the O(T D) kernels (delta preprocess, split-KV merge): one per
+// row, and one SIMD group per row, respectively.
+#define FA_PREPROCESS_THREADS 64
+#define FA_MERGE_ROWS_PER_GROUP 4
+// Split-KV decode merges at most this many key ranges (one per lane).
+#define FA_MAX_KV_SPLITS 32
+
+// Function constants (host: cpp/core/plan.cpp, index for index).
+#define FA_FC_HEAD_FULL 0  // bool: D equals the bucket: no column guards
+#define FA_FC_HEAD_VEC4 1  // bool: D % 4 == 0: staging loads move float4s
+
 // Threadgroup arrays are declared with FA_TG_ARRAY(type, name, count) inside
 // kernels: plain `threadgroup` on Metal. The C++ side needs `static` (one
 // array shared by the threads of the group, and clang only allows an address
 // space on static variables), which metal-sim's <metal_stdlib> supplies.
 #ifndef FA_TG_ARRAY
 #define FA_TG_ARRAY(type, name, count) threadgroup type name[count]
+#endif
+
+// A program-scope [[function_constant(index)]].
+#ifndef FA_FUNCTION_CONSTANT
+#define FA_FUNCTION_CONSTANT(type, name, index) constant type name [[function_constant(index)]];
+#endif
+
+// Full unrolling of loops over register fragments: an array of fragments
+// stays in registers only if every index is a compile-time constant.
+#ifndef FA_UNROLL
+#define FA_UNROLL _Pragma("clang loop unroll(full)")
 #endif
 
 // host_name on an explicit template instantiation: clang's C++ parser

@@ -32,16 +32,23 @@ struct FlashParams {
     fa_int window_right; // >= 0
     float scale;         // multiplies q.k before the softmax
     fa_int kv_splits;    // split-KV decode: key ranges computed apart, then merged (else 1)
+    // Query rows of a kv head are numbered r = g * rows_per_head + t (g: the
+    // query head within the GQA group, t: the row), and the forward and dQ
+    // kernels take them FA_BLOCK_ROWS at a time. rows_per_head = Tq packs the
+    // heads of a group into shared blocks (decode: every K/V row is read once
+    // per kv head); Tq rounded up to a block keeps every block in one head.
+    fa_int rows_per_head;
     // Added to [[threadgroup_position_in_grid]] by every kernel: a host may
     // dispatch a launch's grid in pieces (bounded work per command buffer),
     // each piece with its own origin.
     fa_int group_offset_x, group_offset_y, group_offset_z;
+    fa_int reserved;     // keeps the strides 8-byte aligned, as MSL lays them out
     FlashStrides q, k, v, o, dout, dq, dk, dv;
 };
 
 #ifndef __METAL_VERSION__
 static_assert(sizeof(FlashStrides) == 24, "FlashStrides layout must match MSL");
-static_assert(sizeof(FlashParams) == 248, "FlashParams layout must match MSL");
+static_assert(sizeof(FlashParams) == 256, "FlashParams layout must match MSL");
 #endif
 
 // Keys [fa_key_begin, fa_key_end) are visible to query row i; empty when begin >= end.

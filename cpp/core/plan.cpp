@@ -4,6 +4,7 @@
 // exactly this, so the sizes chosen here are tested on every machine.
 #include "core/plan.h"
 
+#include <algorithm>
 #include <stdexcept>
 
 #include "flash_kernels.h"
@@ -31,17 +32,16 @@ const char* slot_name(Slot s) {
 
 namespace {
 
-// Groups of FA_ROWS_PER_GROUP rows covering `rows`.
-uint32_t row_groups(int64_t rows) {
-    return uint32_t((rows + FA_ROWS_PER_GROUP - 1) / FA_ROWS_PER_GROUP);
+uint32_t blocks(int64_t rows, int64_t per_block) {
+    return uint32_t((rows + per_block - 1) / per_block);
 }
 
-std::string bucket_suffix(const char* fn, const FlashParams& p) {
+int bucket_of(const char* fn, const FlashParams& p) {
     const int bucket = fa_head_bucket(p.D);
     if (bucket == 0)
         throw std::invalid_argument(std::string(fn) + ": head size D must be in 1..256, got " +
                                     std::to_string(p.D));
-    return "_f32_hd" + std::to_string(bucket);
+    return bucket;
 }
 
 void check_shape(const char* fn, const FlashParams& p) {
@@ -52,52 +52,106 @@ void check_shape(const char* fn, const FlashParams& p) {
                                     "calls are answered before planning)");
 }
 
-const Dim3 kGroup{FA_ROWS_PER_GROUP, 1, 1};
+FunctionConstant boolean(uint16_t index, bool value) {
+    return {index, FunctionConstant::Type::boolean, value ? 1u : 0u};
+}
+
+// The specialisation every tiled kernel of a call shares.
+std::vector<FunctionConstant> head_constants(const FlashParams& p, int bucket) {
+    return {boolean(FA_FC_HEAD_FULL, p.D == bucket), boolean(FA_FC_HEAD_VEC4, p.D % 4 == 0)};
+}
+
+// The query rows of a kv head in the packed numbering (FlashParams::
+// rows_per_head): short query blocks share a threadgroup across the heads
+// of the group (decode reads each K/V row once per kv head); longer ones
+// get whole blocks, so no block spans two heads.
+int32_t rows_per_head(const FlashParams& p) {
+    if (p.Tq < FA_BLOCK_ROWS) return p.Tq;
+    return int32_t(blocks(p.Tq, FA_BLOCK_ROWS) * FA_BLOCK_ROWS);
+}
+
+// Split-KV for decode: when every kv head's queries fit one block, the
+// grid would have only B * Hkv threadgroups, too few to fill a GPU (an M1
+// has 8 cores, an M3 Max 40, each running several threadgroups), and each
+// would walk all Tk keys alone. Then the keys are cut into chunks of at
+// least 256, enough for about 64 threadgroups in all, at most
+// FA_MAX_KV_SPLITS (the merge keeps one chunk per lane).
+int32_t kv_splits(const FlashParams& p, uint32_t row_blocks) {
+    if (row_blocks != 1) return 1;
+    const int64_t by_keys = p.Tk / 256;
+    const int64_t by_groups = (64 + int64_t(p.B) * p.Hkv - 1) / (int64_t(p.B) * p.Hkv);
+    const int64_t splits = std::min<int64_t>({by_keys, by_groups, FA_MAX_KV_SPLITS});
+    return int32_t(std::max<int64_t>(splits, 1));
+}
+
+const Dim3 kTiled{FA_THREADS, 1, 1};
 
 }  // namespace
 
 Plan plan_forward(const FlashParams& p) {
     check_shape("plan_forward", p);
+    const int bucket = bucket_of("plan_forward", p);
     Plan plan;
     plan.params = p;
+    plan.params.rows_per_head = rows_per_head(p);
+    const uint32_t row_blocks = blocks(int64_t(p.group) * plan.params.rows_per_head, FA_BLOCK_ROWS);
+    const int32_t splits = kv_splits(p, row_blocks);
+    plan.params.kv_splits = splits;
+    const std::string name = "flash_fwd_f32_hd" + std::to_string(bucket);
+    const Dim3 grid{row_blocks, uint32_t(p.Hkv), uint32_t(p.B) * uint32_t(splits)};
+    if (splits == 1) {
+        plan.launches.push_back(Launch{name,
+                                       {Slot::q, Slot::k, Slot::v, Slot::o, Slot::lse, Slot::params},
+                                       grid, kTiled, head_constants(p, bucket)});
+        return plan;
+    }
+    // Each chunk's normalised o and lse, then their exact merge.
+    const int64_t rows = int64_t(p.B) * p.H * p.Tq;
+    plan.scratch.push_back({Slot::partial_o, splits * rows * p.D});
+    plan.scratch.push_back({Slot::partial_lse, splits * rows});
     plan.launches.push_back(Launch{
-        "flash_fwd" + bucket_suffix("plan_forward", p),
-        {Slot::q, Slot::k, Slot::v, Slot::o, Slot::lse, Slot::params},
-        Dim3{row_groups(p.Tq), uint32_t(p.H), uint32_t(p.B)},
-        kGroup,
-        {},
-    });
+        name, {Slot::q, Slot::k, Slot::v, Slot::partial_o, Slot::partial_lse, Slot::params}, grid,
+        kTiled, head_constants(p, bucket)});
+    plan.launches.push_back(Launch{"flash_fwd_merge_f32",
+                                   {Slot::partial_o, Slot::partial_lse, Slot::o, Slot::lse, Slot::params},
+                                   Dim3{blocks(rows, FA_MERGE_ROWS_PER_GROUP), 1, 1},
+                                   Dim3{FA_MERGE_ROWS_PER_GROUP * FA_SIMD_WIDTH, 1, 1},
+                                   {}});
     return plan;
 }
 
 Plan plan_backward(const FlashParams& p) {
     check_shape("plan_backward", p);
-    const std::string suffix = bucket_suffix("plan_backward", p);
+    const int bucket = bucket_of("plan_backward", p);
+    const std::string suffix = "_f32_hd" + std::to_string(bucket);
     Plan plan;
     plan.params = p;
+    plan.params.rows_per_head = rows_per_head(p);
+    plan.params.kv_splits = 1;
     plan.scratch.push_back({Slot::delta, int64_t(p.B) * p.H * p.Tq});
-    const Dim3 query_grid{row_groups(p.Tq), uint32_t(p.H), uint32_t(p.B)};
     plan.launches.push_back(Launch{
         "flash_bwd_preprocess_f32",
         {Slot::dout, Slot::o, Slot::delta, Slot::params},
-        query_grid,
-        kGroup,
+        Dim3{blocks(p.Tq, FA_PREPROCESS_THREADS), uint32_t(p.H), uint32_t(p.B)},
+        Dim3{FA_PREPROCESS_THREADS, 1, 1},
         {},
     });
     plan.launches.push_back(Launch{
         "flash_bwd_dq" + suffix,
         {Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse, Slot::delta, Slot::dq, Slot::params},
-        query_grid,
-        kGroup,
-        {},
+        Dim3{blocks(int64_t(p.group) * plan.params.rows_per_head, FA_BLOCK_ROWS), uint32_t(p.Hkv),
+             uint32_t(p.B)},
+        kTiled,
+        head_constants(p, bucket),
     });
+    const uint32_t chunks = uint32_t(bucket / FA_BWD_DCHUNK(bucket));
     plan.launches.push_back(Launch{
         "flash_bwd_dkdv" + suffix,
         {Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse, Slot::delta, Slot::dk, Slot::dv,
          Slot::params},
-        Dim3{row_groups(p.Tk), uint32_t(p.Hkv), uint32_t(p.B)},
-        kGroup,
-        {},
+        Dim3{blocks(p.Tk, FA_BLOCK_ROWS), uint32_t(p.Hkv) * chunks, uint32_t(p.B)},
+        kTiled,
+        head_constants(p, bucket),
     });
     return plan;
 }

@@ -16,6 +16,7 @@
 #undef device
 #undef constant
 #undef threadgroup
+#undef thread
 #undef kernel
 
 #include "sim/bind.h"
@@ -27,6 +28,7 @@ std::vector<Kernel> build_table() {
     std::vector<Kernel> t;
     // The names are the host_name strings of the .metal instantiations.
     t.push_back(make_kernel("flash_bwd_preprocess_f32", &flash_bwd_preprocess_f32));
+    t.push_back(make_kernel("flash_fwd_merge_f32", &flash_fwd_merge_f32));
 #define FA_SIM_REGISTER(HD)                                                       \
     t.push_back(make_kernel("flash_fwd_f32_hd" #HD, &flash_fwd<HD>));             \
     t.push_back(make_kernel("flash_bwd_dq_f32_hd" #HD, &flash_bwd_dq<HD>));       \

@@ -4,7 +4,7 @@
 //    meeting at a rendezvous between groups. A missing barrier is a real
 //    data race, which ThreadSanitizer reports. Used by sanitizer builds and
 //    off Linux, or when FLASHATTN_SIM_THREADS=1.
-//  - fibers (Linux default): one ucontext fiber per GPU thread, all on the
+//  - fibers (Linux default): one fiber (sim/fiber.h) per GPU thread, all on the
 //    calling thread, switched at barriers and SIMD-group calls. Same
 //    rendezvous code and checks, a fraction of the cost (no kernel wake-ups),
 //    and a wait that cannot finish is reported instead of hanging.
@@ -34,7 +34,7 @@
 // Sanitizers do not follow stack switches; macOS deprecates ucontext.
 #if defined(__linux__) && !defined(FA_SIM_SANITIZED)
 #define FA_SIM_FIBERS 1
-#include <ucontext.h>
+#include "sim/fiber.h"
 #endif
 
 namespace flashattn::sim {
@@ -122,11 +122,16 @@ private:
     bool* failed_ = nullptr;
 };
 
-// Slots through which the lanes of one SIMD group exchange values.
+// Slots through which the lanes of one SIMD group exchange values: two
+// sets, used by alternate exchanges, so one rendezvous per exchange is
+// enough (a lane can only write set s again two exchanges later, after
+// every lane has arrived at the exchange in between, so after every lane
+// has read set s).
 struct SimdGroup {
     Rendezvous sync;
     unsigned lanes = 0;
-    alignas(16) unsigned char slots[fa_sim::kSimdWidth][16];
+    alignas(16) unsigned char slots[2][fa_sim::kSimdWidth][fa_sim::kMaxExchangeBytes];
+    alignas(16) unsigned char results[2][fa_sim::kSimdWidth][fa_sim::kMaxExchangeBytes];
 };
 
 constexpr size_t kMaxThreadgroupBytes = 32 * 1024;  // Apple GPUs
@@ -189,14 +194,31 @@ public:
     void simd_exchange(unsigned tid, uint64_t& count, const void* value, size_t bytes, void* out,
                        unsigned* lanes) {
         SimdGroup& g = simd_[tid / fa_sim::kSimdWidth];
-        std::memcpy(g.slots[tid % fa_sim::kSimdWidth], value, bytes);
-        // Two phases: all lanes have written, then all have read, so the
-        // next exchange cannot overwrite a slot someone still needs.
+        auto& set = g.slots[count % 2];
+        std::memcpy(set[tid % fa_sim::kSimdWidth], value, bytes);
         if (!g.sync.arrive(count++)) throw Abort{};
         for (unsigned l = 0; l < g.lanes; ++l)
-            std::memcpy(static_cast<unsigned char*>(out) + l * bytes, g.slots[l], bytes);
+            std::memcpy(static_cast<unsigned char*>(out) + l * bytes, set[l], bytes);
         *lanes = g.lanes;
-        if (!g.sync.arrive(count++)) throw Abort{};
+    }
+    void simd_collective(unsigned tid, uint64_t& count, const void* offer, size_t bytes,
+                         fa_sim::SimdCombine combine, void* out, size_t result_bytes) {
+        SimdGroup& g = simd_[tid / fa_sim::kSimdWidth];
+        const unsigned parity = unsigned(count % 2);
+        std::memcpy(g.slots[parity][tid % fa_sim::kSimdWidth], offer, bytes);
+        // The slots of one lane are kMaxExchangeBytes apart; combine wants
+        // the offers packed, `bytes` apart.
+        const bool ok = g.sync.arrive(count++, [&](bool) {
+            unsigned char packed[fa_sim::kSimdWidth * fa_sim::kMaxExchangeBytes];
+            unsigned char results[fa_sim::kSimdWidth * fa_sim::kMaxExchangeBytes];
+            for (unsigned l = 0; l < g.lanes; ++l)
+                std::memcpy(packed + l * bytes, g.slots[parity][l], bytes);
+            combine(packed, g.lanes, results);
+            for (unsigned l = 0; l < g.lanes; ++l)
+                std::memcpy(g.results[parity][l], results + l * result_bytes, result_bytes);
+        });
+        if (!ok) throw Abort{};
+        std::memcpy(out, g.results[parity][tid % fa_sim::kSimdWidth], result_bytes);
     }
     void note_array(void* data, size_t bytes) {
         std::lock_guard<std::mutex> lock(arrays_mutex_);
@@ -221,8 +243,8 @@ public:
         uint64_t barriers = 0;
         uint64_t simd_ops = 0;
 #ifdef FA_SIM_FIBERS
-        ucontext_t* self = nullptr;  // set in fiber mode
-        ucontext_t* scheduler = nullptr;
+        FiberContext* self = nullptr;  // set in fiber mode
+        FiberContext* scheduler = nullptr;
         bool finished = false;
 #endif
     };
@@ -250,7 +272,7 @@ private:
     }
 #ifdef FA_SIM_FIBERS
     void run_fibers();
-    static void fiber_entry();
+    static void fiber_entry(void* arg);
     bool aborting_ = false;
     uint64_t fiber_group_ = 0;
     Builtins* fiber_builtins_ = nullptr;
@@ -332,20 +354,6 @@ void LaunchState::work(unsigned tid) {
 #ifdef FA_SIM_FIBERS
 constexpr size_t kFiberStack = 256 * 1024;
 
-// swapcontext returns twice, as setjmp does; kept out of line so the
-// callers' locals are not at risk (and gcc's -Wclobbered stays quiet).
-[[gnu::noinline]] void switch_to(ucontext_t* from, ucontext_t* to) { swapcontext(from, to); }
-
-// A fiber that will run entry() on `stack`, then resume `link`.
-[[gnu::noinline]] void prepare_fiber(ucontext_t* fiber, char* stack, ucontext_t* link,
-                                     void (*entry)()) {
-    getcontext(fiber);
-    fiber->uc_stack.ss_sp = stack;
-    fiber->uc_stack.ss_size = kFiberStack;
-    fiber->uc_link = link;
-    makecontext(fiber, entry, 0);
-}
-
 // Fiber stacks, kept across launches (launches are serialised).
 std::vector<std::unique_ptr<char[]>>& fiber_stacks() {
     static std::vector<std::unique_ptr<char[]>> stacks;
@@ -353,26 +361,26 @@ std::vector<std::unique_ptr<char[]>>& fiber_stacks() {
 }
 
 void LaunchState::yield(Ctx& c) {
-    switch_to(c.self, c.scheduler);
+    fiber_switch(*c.self, *c.scheduler);
     if (aborting_) throw Abort{};
 }
 
-void LaunchState::fiber_entry() {
-    Ctx& c = *current;
+void LaunchState::fiber_entry(void* arg) {
+    Ctx& c = *static_cast<Ctx*>(arg);
     LaunchState& L = *c.launch;
     L.run_in_group(c, L.fiber_builtins_[c.tid], L.fiber_group_);
     c.finished = true;
-    // Returning resumes uc_link: the scheduler.
+    fiber_switch(*c.self, *c.scheduler);  // for good: the scheduler never resumes us
 }
 
 void LaunchState::run_fibers() {
     auto& stacks = fiber_stacks();
     while (stacks.size() < threads_) stacks.emplace_back(new char[kFiberStack]);
-    std::vector<ucontext_t> fibers(threads_);
+    std::vector<FiberContext> fibers(threads_);
     std::vector<Ctx> ctxs(threads_, Ctx{this, 0});
     std::vector<Builtins> builtins(threads_);
     fiber_builtins_ = builtins.data();
-    ucontext_t scheduler;
+    FiberContext scheduler;
     for (uint64_t g = 0; g < groups_ && !stop_; ++g) {
         fiber_group_ = g;
         for (unsigned t = 0; t < threads_; ++t) {
@@ -386,7 +394,7 @@ void LaunchState::run_fibers() {
             ctxs[t] = Ctx{this, t};
             ctxs[t].self = &fibers[t];
             ctxs[t].scheduler = &scheduler;
-            prepare_fiber(&fibers[t], stacks[t].get(), &scheduler, &LaunchState::fiber_entry);
+            fiber_prepare(fibers[t], stacks[t].get(), kFiberStack, &LaunchState::fiber_entry, &ctxs[t]);
         }
         unsigned done = 0;
         while (done < threads_) {
@@ -394,7 +402,7 @@ void LaunchState::run_fibers() {
             for (unsigned t = 0; t < threads_; ++t) {
                 if (ctxs[t].finished) continue;
                 current = &ctxs[t];
-                switch_to(&scheduler, &fibers[t]);
+                fiber_switch(scheduler, fibers[t]);
                 current = nullptr;
                 done += ctxs[t].finished;
             }
@@ -428,9 +436,55 @@ std::mutex& launch_mutex() {
     return m;
 }
 
+// The kernels' program-scope function constants (registered at static
+// initialisation, before any launch).
+struct ConstantSlot {
+    unsigned index;
+    size_t bytes;
+    bool is_float;
+    void* value;
+    bool* defined;
+};
+std::vector<ConstantSlot>& constant_slots() {
+    static std::vector<ConstantSlot> slots;
+    return slots;
+}
+
+// Under the launch mutex: every registered constant takes the launch's
+// value for its index, or becomes undefined.
+void set_function_constants(const std::string& kernel, const std::vector<FunctionConstant>& values) {
+    for (const FunctionConstant& c : values) {
+        bool known = false;
+        for (const ConstantSlot& slot : constant_slots())
+            known = known || slot.index == c.index;
+        if (!known)
+            throw std::runtime_error("metal-sim: " + kernel + ": function constant " +
+                                     std::to_string(c.index) + " is declared by no kernel");
+    }
+    for (const ConstantSlot& slot : constant_slots()) {
+        *slot.defined = false;
+        for (const FunctionConstant& c : values) {
+            if (c.index != slot.index) continue;
+            const bool is_float = c.type == FunctionConstant::Type::float32;
+            const bool is_bool = c.type == FunctionConstant::Type::boolean;
+            if (is_float != slot.is_float || (is_bool != (slot.bytes == 1)))
+                throw std::runtime_error("metal-sim: " + kernel + ": function constant " +
+                                         std::to_string(c.index) + " is given a value of another type");
+            if (is_bool) {
+                const bool b = c.bits != 0;
+                std::memcpy(slot.value, &b, 1);
+            } else {
+                std::memcpy(slot.value, &c.bits, 4);
+            }
+            *slot.defined = true;
+        }
+    }
+}
+
 }  // namespace
 
-void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 grid, Dim3 group) {
+void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 grid, Dim3 group,
+                const std::vector<FunctionConstant>& constants) {
     const std::string why = kernel.check(buffers);
     if (!why.empty()) throw std::runtime_error("metal-sim: " + kernel.name + ": " + why);
     const uint64_t threads = uint64_t(group.x) * group.y * group.z;
@@ -440,6 +494,7 @@ void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 
                                  std::to_string(kMaxThreadsPerGroup) + ")");
     if (uint64_t(grid.x) * grid.y * grid.z == 0) return;
     std::lock_guard<std::mutex> lock(launch_mutex());
+    set_function_constants(kernel.name, constants);
     LaunchState state(kernel, buffers, grid, group);
     state.run();
 }
@@ -464,7 +519,7 @@ void run_plan(const Plan& plan, const SlotPointers& call_slots) {
             else
                 buffers.push_back({slots[size_t(s)], false});
         }
-        run_launch(*kernel, buffers, launch.grid, launch.threadgroup);
+        run_launch(*kernel, buffers, launch.grid, launch.threadgroup, launch.constants);
     }
 }
 
@@ -491,8 +546,21 @@ void simd_exchange(const void* value, std::size_t bytes, void* lanes_out, unsign
     c.launch->simd_exchange(c.tid, c.simd_ops, value, bytes, lanes_out, active_lanes);
 }
 
+void simd_collective(const void* offer, std::size_t bytes, SimdCombine combine, void* result_out,
+                     std::size_t result_bytes) {
+    auto& c = ctx();
+    c.launch->simd_collective(c.tid, c.simd_ops, offer, bytes, combine, result_out, result_bytes);
+}
+
 unsigned simd_lane() { return ctx().tid % kSimdWidth; }
 
 void note_threadgroup_array(void* data, std::size_t bytes) { ctx().launch->note_array(data, bytes); }
+
+void register_function_constant(unsigned index, std::size_t bytes, bool is_float, void* value,
+                                bool* defined) {
+    if (bytes != 1 && bytes != 4)
+        throw std::logic_error("metal-sim: function constants are bool, int or float");
+    flashattn::sim::constant_slots().push_back({index, bytes, is_float, value, defined});
+}
 
 }  // namespace fa_sim

@@ -13,14 +13,33 @@ constexpr unsigned kSimdWidth = 32;
 // Waits until every thread of the threadgroup has reached the same barrier.
 void threadgroup_barrier();
 
-// SIMD-group rendezvous: each lane offers `bytes` (<= 16) bytes from
+// The most bytes one lane offers in one SIMD-group exchange.
+constexpr std::size_t kMaxExchangeBytes = 32;
+
+// SIMD-group rendezvous: each lane offers `bytes` (<= kMaxExchangeBytes) bytes from
 // `value`; returns once every lane of the SIMD group has offered, with the
 // lanes' values copied to `lanes_out` (kSimdWidth slots of `bytes` each) and
 // the group's lane count in *active_lanes.
 void simd_exchange(const void* value, std::size_t bytes, void* lanes_out, unsigned* active_lanes);
 
+// A SIMD-group collective computed once: each lane offers `bytes` (<=
+// kMaxExchangeBytes) bytes; the last lane to arrive calls
+// combine(offers, lanes, results) with the lanes' offers side by side and
+// room for each lane's `result_bytes` (<= kMaxExchangeBytes) result; every
+// lane then gets its own result in `result_out`. (A matrix multiply built on
+// simd_exchange would have each of the 32 lanes redo the whole product.)
+using SimdCombine = void (*)(const void* offers, unsigned lanes, void* results);
+void simd_collective(const void* offer, std::size_t bytes, SimdCombine combine, void* result_out,
+                     std::size_t result_bytes);
+
 // This thread's lane in its SIMD group.
 unsigned simd_lane();
+
+// A program-scope [[function_constant(index)]] of the kernels: the
+// launcher writes each launch's value into `value` (size `bytes`) and sets
+// *defined, or clears *defined when the launch supplies none.
+void register_function_constant(unsigned index, std::size_t bytes, bool is_float, void* value,
+                                bool* defined);
 
 // Called from a kernel's threadgroup array declaration: lets the launcher
 // check the 32 KiB limit and poison the array between threadgroups, so no

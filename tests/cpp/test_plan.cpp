@@ -23,26 +23,64 @@ FlashParams params(int B, int Tq, int Tk, int H, int Hkv, int D) {
 
 bool same(const Dim3& a, uint32_t x, uint32_t y, uint32_t z) { return a.x == x && a.y == y && a.z == z; }
 
+bool has_constant(const Launch& l, uint16_t index, uint32_t bits) {
+    for (const FunctionConstant& c : l.constants)
+        if (c.index == index) return c.bits == bits;
+    return false;
+}
+
 }  // namespace
 
 int main() {
-    // Forward: one launch, query rows in groups of 64, grid (groups, H, B).
+    // Forward: one launch; a threadgroup of FA_SIMDGROUPS SIMD groups per
+    // block of FA_BLOCK_ROWS query rows of a kv head; grid (blocks, Hkv, B).
     {
         const Plan plan = plan_forward(params(2, 113, 203, 8, 2, 64));
         CHECK(plan.launches.size() == 1);
         CHECK(plan.scratch.empty());
-        CHECK(plan.params.Tq == 113 && plan.params.D == 64);
+        CHECK(plan.params.Tq == 113 && plan.params.D == 64 && plan.params.kv_splits == 1);
+        // Tq >= a block: every head's rows start a block of their own.
+        CHECK(plan.params.rows_per_head == 128);
         const Launch& l = plan.launches[0];
         CHECK(l.kernel == "flash_fwd_f32_hd64");
         CHECK((l.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::o, Slot::lse, Slot::params}));
-        CHECK(same(l.grid, 2, 8, 2));
-        CHECK(same(l.threadgroup, 64, 1, 1));
+        CHECK(same(l.grid, 4 * 4, 2, 2));  // 4 heads per kv head x 4 blocks of 32 rows
+        CHECK(same(l.threadgroup, FA_THREADS, 1, 1));
+        CHECK(has_constant(l, FA_FC_HEAD_FULL, 1) && has_constant(l, FA_FC_HEAD_VEC4, 1));
     }
-    // Decode: one query row still gets one threadgroup per (head, batch).
+    // Function constants: D below its bucket, D not a multiple of 4.
     {
-        const Plan plan = plan_forward(params(3, 1, 1000, 4, 1, 128));
-        CHECK(plan.launches[0].kernel == "flash_fwd_f32_hd128");
-        CHECK(same(plan.launches[0].grid, 1, 4, 3));
+        const Launch l = plan_forward(params(1, 40, 40, 1, 1, 59)).launches[0];
+        CHECK(has_constant(l, FA_FC_HEAD_FULL, 0) && has_constant(l, FA_FC_HEAD_VEC4, 0));
+    }
+    // Short queries pack the heads of a GQA group into shared blocks.
+    {
+        const Plan plan = plan_forward(params(2, 4, 100, 8, 2, 64));
+        CHECK(plan.params.rows_per_head == 4);
+        CHECK(same(plan.launches[0].grid, 1, 2, 2));  // 4 heads x 4 rows = 16 rows: one block
+    }
+    // Decode with few threadgroups: keys split, then an exact merge.
+    {
+        const Plan plan = plan_forward(params(1, 1, 4096, 32, 8, 128));
+        CHECK(plan.params.kv_splits == 8);  // 4096 / 256 = 16 chunks, 64 / 8 groups = 8
+        CHECK(plan.launches.size() == 2);
+        const Launch& fwd = plan.launches[0];
+        CHECK(fwd.kernel == "flash_fwd_f32_hd128");
+        CHECK(same(fwd.grid, 1, 8, 8));
+        CHECK((fwd.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::partial_o,
+                                                Slot::partial_lse, Slot::params}));
+        const Launch& merge = plan.launches[1];
+        CHECK(merge.kernel == "flash_fwd_merge_f32");
+        CHECK((merge.buffers == std::vector<Slot>{Slot::partial_o, Slot::partial_lse, Slot::o,
+                                                  Slot::lse, Slot::params}));
+        CHECK(same(merge.grid, 32 / FA_MERGE_ROWS_PER_GROUP, 1, 1));
+        CHECK(plan.scratch.size() == 2);
+        CHECK(plan.scratch[0].slot == Slot::partial_o && plan.scratch[0].floats == 8 * 32 * 128);
+        CHECK(plan.scratch[1].slot == Slot::partial_lse && plan.scratch[1].floats == 8 * 32);
+        // Short key ranges and many threadgroups are not split.
+        CHECK(plan_forward(params(1, 1, 300, 32, 8, 128)).params.kv_splits == 1);
+        CHECK(plan_forward(params(16, 1, 8192, 32, 8, 128)).params.kv_splits == 1);
+        CHECK(plan_forward(params(1, 1, 1 << 20, 1, 1, 64)).params.kv_splits == FA_MAX_KV_SPLITS);
     }
     // Head size buckets: the smallest that holds D, D itself a run-time bound.
     {
@@ -66,17 +104,21 @@ int main() {
         CHECK(pre.kernel == "flash_bwd_preprocess_f32");
         CHECK((pre.buffers == std::vector<Slot>{Slot::dout, Slot::o, Slot::delta, Slot::params}));
         CHECK(same(pre.grid, 3, 6, 2));
+        CHECK(same(pre.threadgroup, FA_PREPROCESS_THREADS, 1, 1));
         const Launch& dq = plan.launches[1];
         CHECK(dq.kernel == "flash_bwd_dq_f32_hd128");
         CHECK((dq.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse,
                                                Slot::delta, Slot::dq, Slot::params}));
-        CHECK(same(dq.grid, 3, 6, 2));
+        CHECK(same(dq.grid, 2 * 5, 3, 2));  // 2 heads per kv head x 5 blocks of 32 rows
+        CHECK(same(dq.threadgroup, FA_THREADS, 1, 1));
         const Launch& dkdv = plan.launches[2];
         CHECK(dkdv.kernel == "flash_bwd_dkdv_f32_hd128");
         CHECK((dkdv.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse,
                                                  Slot::delta, Slot::dk, Slot::dv, Slot::params}));
-        CHECK(same(dkdv.grid, 2, 3, 2));
-        for (const Launch& l : plan.launches) CHECK(same(l.threadgroup, FA_ROWS_PER_GROUP, 1, 1));
+        CHECK(same(dkdv.grid, 3, 3, 2));
+        CHECK(same(dkdv.threadgroup, FA_THREADS, 1, 1));
+        // hd256 accumulates dK, dV in two column chunks: grid.y = Hkv x 2.
+        CHECK(same(plan_backward(params(1, 40, 40, 4, 2, 200)).launches[2].grid, 2, 4, 1));
     }
     // Empty calls never reach a plan (run_forward answers them).
     CHECK_THROWS(std::invalid_argument, "plan_forward", plan_forward(params(1, 0, 5, 1, 1, 8)));

@@ -18,6 +18,7 @@
 #undef device
 #undef constant
 #undef threadgroup
+#undef thread
 #undef kernel
 
 #include "sim/bind.h"
@@ -134,10 +135,11 @@ int main() {
     {
         int found = 0;
         for (const char* name : {"flash_fwd_f32_hd32", "flash_fwd_f32_hd256", "flash_bwd_dq_f32_hd96",
-                                 "flash_bwd_dkdv_f32_hd128", "flash_bwd_preprocess_f32"})
+                                 "flash_bwd_dkdv_f32_hd128", "flash_bwd_preprocess_f32",
+                                 "flash_fwd_merge_f32"})
             found += find_kernel(name) != nullptr;
-        CHECK(found == 5);
-        CHECK(kernels().size() == 16);
+        CHECK(found == 6);
+        CHECK(kernels().size() == 2 + 5 * 3);  // preprocess, merge; 5 buckets x (fwd, dq, dkdv)
         CHECK(find_kernel("flash_fwd_f32_hd48") == nullptr);
     }
     return flashattn_test::finish("test_sim_launcher");
