@@ -338,6 +338,11 @@ def run_plot(args, torch, progress, path):
 
 
 def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(a == "--backend" or a.startswith("--backend=") for a in argv):
+        from . import _bench_metal  # the GPU engines' bench (metal against MLX)
+
+        return _bench_metal.main(argv)
     parser = argparse.ArgumentParser(prog="python -m flashattn bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=None,

@@ -172,6 +172,14 @@ MASKS = [
 # simulated engines run.
 SIZES = [(1, 1), (1, 37), (1, 203), (13, 29), (29, 13), (64, 64), (113, 203), (203, 113)]
 HEAD_DIMS = [1, 59, 64, 111, 256]
+# More head sizes, each inside a bucket of the metal kernels (8 in hd32, 72
+# and 80 in hd96, 160, 192 and 200 in hd256).
+MORE_HEAD_DIMS = [8, 72, 80, 160, 192, 200]
+# Decode: Tq in {1, 4} against key caches up to 4096, GQA groups 1, 4 and 8
+# (the metal kernels pack a group's query heads into one threadgroup and
+# split long key ranges across threadgroups, merging them exactly).
+DECODE = [(Tq, Tk, H, Hkv) for Tq in (1, 4) for Tk in (37, 1000, 4096)
+          for H, Hkv in ((4, 4), (8, 2), (16, 2))]
 
 GRID = sorted(
     {Case(2, Tq, Tk, H, Hkv, 64, causal, window)
@@ -180,6 +188,13 @@ GRID = sorted(
        for D in HEAD_DIMS
        for causal, window in [MASKS[0], MASKS[1], MASKS[4]]
        for Tq, Tk in [(1, 203), (13, 29), (29, 13), (113, 203), (203, 113)]}
+    | {Case(2, Tq, Tk, 6, 2, D, causal, window)
+       for D in MORE_HEAD_DIMS
+       for causal, window in [MASKS[0], MASKS[1]]
+       for Tq, Tk in [(13, 29), (113, 203)]}
+    | {Case(1, Tq, Tk, H, Hkv, 64, causal, window)
+       for Tq, Tk, H, Hkv in DECODE
+       for causal, window in [MASKS[0], (True, (255, 0))]}
     | {Case(1, 1023, 1024, 2, 1, 64, causal, window)  # the big one: fast engines only
        for causal, window in [MASKS[0], MASKS[1], (True, (255, 0))]},
     key=lambda c: c.id,

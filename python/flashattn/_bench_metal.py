@@ -1,0 +1,162 @@
+"""`python -m flashattn bench --backend metal`: the metal engine against MLX
+on the Apple GPU, with the cpu engine in the same run.
+
+Competitors: ``mx.fast.scaled_dot_product_attention`` for the forward and
+``mx.grad`` of it (the gradients of sum(o * do) with respect to q, k, v)
+for forward + backward; both evaluated with ``mx.eval`` so the GPU work is
+inside the timing. Every engine runs each shape once to warm up (pipeline
+creation, MLX's graph compilation) and then ``--repeat`` times (at least 5),
+interleaved, alternating the order every round; the table shows minima,
+GFLOP/s and the ratios MLX / metal and cpu / metal (> 1: metal is faster).
+FLOPs as in the cpu bench: forward 4*B*H*Tq*Tk*D, halved for causal;
+backward 2.5x forward.
+
+Without the metal engine (not macOS on Apple silicon, or built without the
+Metal toolchain) it says so and exits with status 2: there is nothing to
+measure. Without MLX (``pip install mlx``) it times the two flashattn
+engines only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+from ._bench import Progress, forward_flops, interleaved
+
+# (B, Tq, Tk, H, Hkv, D, causal): training shapes, then decode against a KV cache.
+SHAPES = [
+    (1, 1024, 1024, 8, 8, 64, True),
+    (1, 1024, 1024, 8, 8, 64, False),
+    (1, 4096, 4096, 8, 8, 64, True),
+    (4, 512, 512, 8, 8, 64, True),
+    (1, 2048, 2048, 32, 8, 128, True),
+    (8, 256, 256, 4, 4, 32, False),
+    (1, 1, 8192, 32, 8, 128, False),
+    (8, 4, 4096, 32, 8, 128, True),
+]
+
+
+class Problem:
+    """One shape's inputs for flashattn (B, T, H, D) and MLX (B, H, T, D)."""
+
+    def __init__(self, B, Tq, Tk, H, Hkv, D, causal, mx=None):
+        import flashattn as fa
+
+        self.fa, self.mx, self.causal = fa, mx, causal
+        rng = np.random.default_rng(0)
+        self.q = rng.standard_normal((B, Tq, H, D), dtype=np.float32)
+        self.k = rng.standard_normal((B, Tk, Hkv, D), dtype=np.float32)
+        self.v = rng.standard_normal((B, Tk, Hkv, D), dtype=np.float32)
+        self.do = rng.standard_normal((B, Tq, H, D), dtype=np.float32)
+        self.scale = 1.0 / np.sqrt(D)
+        if mx is not None:
+            t = lambda x: mx.array(np.ascontiguousarray(x.transpose(0, 2, 1, 3)))  # noqa: E731
+            self.mq, self.mk, self.mv, self.mdo = t(self.q), t(self.k), t(self.v), t(self.do)
+            mx.eval(self.mq, self.mk, self.mv, self.mdo)
+            mask = "causal" if causal else None
+
+            def loss(q, k, v):
+                o = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+                return (o * self.mdo).sum()
+
+            self.mlx_grad = mx.grad(loss, argnums=(0, 1, 2))
+            self.mask = mask
+
+    def ours(self, backend):
+        fa = self.fa
+
+        def forward():
+            fa.attention(self.q, self.k, self.v, causal=self.causal, backend=backend)
+
+        def forward_backward():
+            o, lse = fa.attention(self.q, self.k, self.v, causal=self.causal, return_lse=True,
+                                  backend=backend)
+            fa.attention_backward(self.do, self.q, self.k, self.v, o, lse, causal=self.causal,
+                                  backend=backend)
+
+        return forward, forward_backward
+
+    def mlx_forward(self):
+        mx = self.mx
+        mx.eval(mx.fast.scaled_dot_product_attention(self.mq, self.mk, self.mv, scale=self.scale,
+                                                     mask=self.mask))
+
+    def mlx_forward_backward(self):
+        self.mx.eval(*self.mlx_grad(self.mq, self.mk, self.mv))
+
+
+def run(shapes, repeat, gpu="metal", cpu="cpu", mx=None, progress=None):
+    """Times every shape; returns rows (shape, forward FLOPs, {name: [seconds]})."""
+    progress = progress or Progress(len(shapes))
+    rows = []
+    for shape in shapes:
+        B, Tq, Tk, H, Hkv, D, causal = shape
+        label = f"{B}, {Tq}x{Tk}, {H}/{Hkv}, {D}, {'causal' if causal else 'full'}"
+        progress.step(label)
+        prob = Problem(*shape, mx=mx)
+        fns = {}
+        fns["metal fwd"], fns["metal fwd+bwd"] = prob.ours(gpu)
+        fns["cpu fwd"], fns["cpu fwd+bwd"] = prob.ours(cpu)
+        if mx is not None:
+            fns["mlx fwd"], fns["mlx fwd+bwd"] = prob.mlx_forward, prob.mlx_forward_backward
+        times = interleaved(fns, repeat, progress, label)
+        rows.append((label, forward_flops(B, Tq, Tk, H, D, causal), times))
+    progress.close()
+    return rows
+
+
+def print_table(rows, have_mlx, out=sys.stdout):
+    cols = ["fwd", "fwd+bwd"]
+    head = "| B, Tq x Tk, H/Hkv, D, mask | pass | metal ms | GFLOP/s | cpu ms | cpu/metal |"
+    if have_mlx:
+        head += " mlx ms | mlx/metal |"
+    print(head, file=out)
+    print("|" + " --- |" * (head.count("|") - 1), file=out)
+    for label, fl, times in rows:
+        for c in cols:
+            flops = fl * (3.5 if c == "fwd+bwd" else 1.0)
+            metal = min(times[f"metal {c}"])
+            cpu = min(times[f"cpu {c}"])
+            line = (f"| {label} | {c} | {metal * 1e3:.2f} | {flops / metal / 1e9:.0f} | "
+                    f"{cpu * 1e3:.2f} | {cpu / metal:.2f}x |")
+            if have_mlx:
+                mlx = min(times[f"mlx {c}"])
+                line += f" {mlx * 1e3:.2f} | {mlx / metal:.2f}x |"
+            print(line, file=out)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flashattn bench --backend metal",
+                                     description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--backend", choices=["metal"], default="metal")
+    parser.add_argument("--repeat", type=int, default=5, help="timed runs per case (>= 5)")
+    args = parser.parse_args(argv)
+    if args.repeat < 5:
+        parser.error("--repeat must be at least 5")
+
+    import flashattn as fa
+
+    if "metal" not in fa.backends():
+        print("cannot run the Metal benchmark: the metal engine is not available here "
+              f"(engines: {', '.join(fa.backends())}). It needs macOS 14+ on Apple silicon and a "
+              "build with the Metal toolchain; see docs/metal.md.", file=sys.stderr)
+        return 2
+    try:
+        import mlx.core as mx
+
+        note = f"MLX {mx.__version__} mx.fast.scaled_dot_product_attention (and mx.grad of it)"
+    except ImportError:
+        mx = None
+        note = "MLX not installed (pip install mlx): flashattn's engines only"
+    rows = run(SHAPES, args.repeat, mx=mx)
+    device = fa.metal_pool_stats().get("device", "?")
+    print(f"flashattn {fa.__version__} metal engine on {device} vs {note}, and the cpu engine "
+          f"({fa.get_num_threads()} threads)")
+    print(f"float32, {args.repeat} timed runs per case after a warm-up, engines interleaved, "
+          "minimum shown")
+    print_table(rows, mx is not None)
+    return 0
