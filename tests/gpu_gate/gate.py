@@ -58,16 +58,25 @@ def sim_table(clang, root):
     return [(joined_literals(names), fn) for names, fn in entries]
 
 
-def host_names(clang, root, sources, proxy):
-    """The FA_HOST_NAME strings of the .metal sources' instantiations."""
+def metallib_functions(clang, root, sources, proxy):
+    """The Metal names of the kernels the .metal sources put in the metallib:
+    the FA_HOST_NAME of each explicit instantiation, and the name of each
+    kernel that is not a template (read from the sources preprocessed with
+    `kernel` and FA_HOST_NAME spelled as markers)."""
     names = set()
     for src in sources:
         r = run([clang, "-E", "-P", "-DFA_GATE_LIST_HOST_NAMES"] + TARGETS["nvptx"] +
                 ["-I" + proxy, "-I" + os.path.join(root, "shaders"), src])
         if r.returncode != 0:
             fail("cannot preprocess %s:\n%s" % (src, r.stderr))
-        for m in re.finditer(r"fa_gate_host_name\(((?:\s*\"[^\"]*\")+)\s*\)", r.stdout):
+        text = r.stdout
+        for m in re.finditer(r"fa_gate_host_name\(((?:\s*\"[^\"]*\")+)\s*\)", text):
             names.add(joined_literals(m.group(1)))
+        for m in re.finditer(r"fa_gate_kernel\s+void\s+(\w+)\s*\(", text):
+            before = text[:m.start()].rstrip()
+            # `template <...>` before it: a template; `...")` : an instantiation.
+            if not before.endswith(">") and not before.endswith(")"):
+                names.add(m.group(1))
     return names
 
 
@@ -159,9 +168,9 @@ def main():
         shaders = os.path.join(root, "shaders")
         sources = sorted(os.path.join(shaders, f) for f in os.listdir(shaders) if f.endswith(".metal"))
         table = sim_table(a.clang, root)
-        missing = host_names(a.clang, root, sources, proxy) - {n for n, _ in table}
+        missing = metallib_functions(a.clang, root, sources, proxy) - {n for n, _ in table}
         if missing:
-            fail("host names in the .metal sources but not in cpp/sim/kernels.cpp: " + ", ".join(sorted(missing)))
+            fail("kernels in the .metal sources but not in cpp/sim/kernels.cpp's table: " + ", ".join(sorted(missing)))
         threads = planned_threads(a.plan_threads)
         for name, fn in table:
             if name not in threads:
@@ -178,7 +187,7 @@ def main():
         for name, fn, n, _ in kernels:
             f.write("FA_GATE_KERNEL(%s, %d, %s)\n" % (symbol(name, n), n, fn))
 
-    extra = [os.path.dirname(s) for s in sources]
+    extra = sorted({os.path.dirname(s) for s in sources} - {os.path.join(root, "shaders")})
     amd_asm, amd_remarks = compile_target(a.clang, "amdgcn", a.work, proxy, root, extra)
     ptx, _ = compile_target(a.clang, "nvptx", a.work, proxy, root, extra)
     amd = amdgcn_usage(amd_remarks)
