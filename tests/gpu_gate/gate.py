@@ -11,9 +11,11 @@ one (docs/gpu-gate.md).
 
 Which kernels: every entry of metal-sim's kernel table (cpp/sim/kernels.cpp,
 `make_kernel("host name", &function)`, read from the preprocessed file, so
-macro-generated entries count), each with every threadgroup size the plan
-gives it (the plan-threads program); every FA_HOST_NAME of the .metal
-sources must be in that table. Or, with --kernel, an explicit list (the
+macro-generated entries count), with every threadgroup size and every set
+of function-constant values the plan launches it with (the
+gpu_gate_plan_launches program), the constants folded as Metal folds them,
+and once more with them opaque (the kernel for any value). Every kernel the
+.metal sources put in the metallib must be in that table. Or, with --kernel, an explicit list (the
 planted kernels that prove the gate can fail).
 """
 import argparse
@@ -80,28 +82,39 @@ def metallib_functions(clang, root, sources, proxy):
     return names
 
 
-def planned_threads(plan_threads):
-    r = run([plan_threads])
+def planned_launches(program):
+    """{kernel: [(threads, constants)]}, constants a tuple of (index, bits)."""
+    r = run([program])
     if r.returncode != 0:
-        fail("%s failed:\n%s" % (plan_threads, r.stderr))
-    threads = {}
+        fail("%s failed:\n%s" % (program, r.stderr))
+    launches = {}
     for line in r.stdout.split("\n"):
-        if line.strip():
-            name, n = line.split()
-            threads.setdefault(name, []).append(int(n))
-    return threads
+        if not line.strip():
+            continue
+        name, threads, constants = line.split()
+        pairs = () if constants == "-" else tuple(tuple(int(x) for x in c.split("=")) for c in constants.split(","))
+        launches.setdefault(name, []).append((int(threads), pairs))
+    return launches
 
 
-def symbol(name, threads):
-    return "gate_%s_t%d" % (name, threads)
+def describe(constants):
+    if constants is None:
+        return "any"
+    return ",".join("%d=%d" % c for c in constants) or "-"
 
 
-def compile_target(clang, target, work, proxy, root, extra_includes):
+def symbol(job):
+    tail = "" if job["constants"] is None else "_c" + "_".join("%dx%d" % c for c in job["constants"])
+    return "gate_%s_t%d%s" % (job["name"], job["threads"], tail)
+
+
+def compile_target(clang, target, unit_dir, proxy, root, extra_includes, folded):
     src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "gate_kernels.cu")
-    out = os.path.join(work, "gate_kernels.%s.s" % target)
-    cmd = ([clang] + TARGETS[target] + ["-O3", "-std=c++17", "-S", "-o", out, "-I" + work, "-I" + proxy,
+    out = os.path.join(unit_dir, "gate_kernels.%s.s" % target)
+    cmd = ([clang] + TARGETS[target] + ["-O3", "-std=c++17", "-S", "-o", out, "-I" + unit_dir, "-I" + proxy,
            "-I" + os.path.dirname(src), "-I" + os.path.join(root, "shaders")] +
-           ["-I" + d for d in extra_includes] + ["-Wno-unknown-attributes", src])
+           ["-I" + d for d in extra_includes] + (["-DFA_GATE_FOLD_CONSTANTS"] if folded else []) +
+           ["-Wno-unknown-attributes", src])
     r = run(cmd)
     if r.returncode != 0:
         fail("%s compile failed:\n%s\n%s" % (target, " ".join(cmd), r.stderr))
@@ -110,7 +123,9 @@ def compile_target(clang, target, work, proxy, root, extra_includes):
 
 
 def amdgcn_usage(remarks):
-    """Per kernel: VGPRs, SGPRs, scratch bytes per lane, LDS bytes, dynamic stack."""
+    """Per kernel: VGPRs, SGPRs, ScratchSize (bytes per lane), LDS Size,
+    VGPRs Spill, Dynamic Stack, as -Rpass-analysis=kernel-resource-usage
+    reports them."""
     usage, current = {}, None
     for line in remarks.split("\n"):
         m = re.search(r"remark: Function Name: (\S+)", line)
@@ -125,7 +140,8 @@ def amdgcn_usage(remarks):
 
 
 def nvptx_usage(ptx):
-    """Per .entry: bytes of local depot, local loads / stores, calls."""
+    """Per .entry: bytes of local depot, local loads / stores, calls, and the
+    function constants it reads opaquely."""
     usage = {}
     parts = re.split(r"^\s*\.visible\s+\.entry\s+(\w+)\s*\(", ptx, flags=re.M)
     for name, body in zip(parts[1::2], parts[2::2]):
@@ -134,8 +150,24 @@ def nvptx_usage(ptx):
             "local": depot,
             "local_ops": len(re.findall(r"\b(?:ld|st)\.local\b", body)),
             "calls": len(re.findall(r"^\s*call(?:\.uni)?\b", body, flags=re.M)),
+            "opaque_constants": sorted({int(i) for i in re.findall(r"// function_constant (\d+)", body)}),
         }
     return usage
+
+
+def judge(job, g, p):
+    problems = []
+    if g.get("ScratchSize", 0) or g.get("VGPRs Spill", 0) or g.get("Dynamic Stack") == "True":
+        problems.append("scratch")
+    if p["local"] or p["local_ops"]:
+        problems.append("nvptx-local")
+    if g["VGPRs"] > MAX_VGPRS:
+        problems.append("vgprs")
+    if p["calls"]:
+        problems.append("calls")
+    if job["constants"] is not None and p["opaque_constants"]:
+        problems.append("unset-constant " + ",".join(str(i) for i in p["opaque_constants"]))
+    return problems
 
 
 def main():
@@ -143,7 +175,7 @@ def main():
     ap.add_argument("--clang", required=True)
     ap.add_argument("--root", required=True, help="the project's source tree")
     ap.add_argument("--work", required=True, help="a directory for generated files")
-    ap.add_argument("--plan-threads", help="the plan-threads program (kernel list mode)")
+    ap.add_argument("--plan-launches", help="the gpu_gate_plan_launches program (kernel list mode)")
     ap.add_argument("--kernel", action="append", default=[],
                     help="NAME=FUNCTION@THREADS[:EXPECT], EXPECT pass|scratch|vgprs (explicit mode)")
     ap.add_argument("--source", action="append", default=[], help=".metal sources (explicit mode)")
@@ -156,82 +188,90 @@ def main():
     proxy = os.path.join(os.path.dirname(os.path.abspath(__file__)), "proxy")
     os.makedirs(a.work, exist_ok=True)
 
-    kernels = []  # (name, function, threads, expectation or None)
+    # One job per compiled kernel: constants None = opaque, else folded values.
+    jobs = []
     if a.kernel:
         sources = [os.path.abspath(s) for s in a.source]
         for spec in a.kernel:
             m = re.fullmatch(r"(\w+)=(.+)@(\d+)(?::(pass|scratch|vgprs))?", spec)
             if not m:
                 fail("bad --kernel %r" % spec)
-            kernels.append((m.group(1), m.group(2), int(m.group(3)), m.group(4)))
+            jobs.append(dict(name=m.group(1), fn=m.group(2), threads=int(m.group(3)), constants=None,
+                             expect=m.group(4)))
     else:
+        if not a.plan_launches:
+            fail("--plan-launches or --kernel is required")
         shaders = os.path.join(root, "shaders")
         sources = sorted(os.path.join(shaders, f) for f in os.listdir(shaders) if f.endswith(".metal"))
         table = sim_table(a.clang, root)
         missing = metallib_functions(a.clang, root, sources, proxy) - {n for n, _ in table}
         if missing:
             fail("kernels in the .metal sources but not in cpp/sim/kernels.cpp's table: " + ", ".join(sorted(missing)))
-        threads = planned_threads(a.plan_threads)
+        launches = planned_launches(a.plan_launches)
         for name, fn in table:
-            if name not in threads:
-                fail("no plan launches %s: its threadgroup size is unknown" % name)
-            for n in threads[name]:
-                if n == 0:
+            if name not in launches:
+                fail("no plan launches %s: its threadgroup size and constants are unknown" % name)
+            for threads in sorted({t for t, _ in launches[name]}):
+                if threads == 0:
                     fail("the plan launches %s with a threadgroup that is not one-dimensional" % name)
-                kernels.append((name, fn, n, None))
+                sets = sorted({c for t, c in launches[name] if t == threads})
+                if any(sets):  # the kernel as it is for any value, too
+                    jobs.append(dict(name=name, fn=fn, threads=threads, constants=None, expect=None))
+                for c in sets:
+                    jobs.append(dict(name=name, fn=fn, threads=threads, constants=c, expect=None))
 
-    with open(os.path.join(a.work, "gate_sources.inc"), "w") as f:
-        for s in sources:
-            f.write('#include "%s"\n' % s)
-    with open(os.path.join(a.work, "gate_list.inc"), "w") as f:
-        for name, fn, n, _ in kernels:
-            f.write("FA_GATE_KERNEL(%s, %d, %s)\n" % (symbol(name, n), n, fn))
-
+    # One translation unit per set of folded constants, one for the opaque.
+    units = {}
+    for job in jobs:
+        units.setdefault(job["constants"], []).append(job)
     extra = sorted({os.path.dirname(s) for s in sources} - {os.path.join(root, "shaders")})
-    amd_asm, amd_remarks = compile_target(a.clang, "amdgcn", a.work, proxy, root, extra)
-    ptx, _ = compile_target(a.clang, "nvptx", a.work, proxy, root, extra)
-    amd = amdgcn_usage(amd_remarks)
-    nv = nvptx_usage(ptx)
-    if ".amdhsa_wavefront_size32 1" not in amd_asm:
-        fail("the amdgcn build is not wave32")
+    for n, (constants, unit_jobs) in enumerate(sorted(units.items(), key=lambda u: (u[0] is not None, u[0] or ()))):
+        unit_dir = os.path.join(a.work, "unit%d" % n)
+        os.makedirs(unit_dir, exist_ok=True)
+        with open(os.path.join(unit_dir, "gate_sources.inc"), "w") as f:
+            f.writelines('#include "%s"\n' % s for s in sources)
+        with open(os.path.join(unit_dir, "gate_constants.inc"), "w") as f:
+            f.writelines("FA_GATE_CONSTANT(%d, %du)\n" % c for c in (constants or ()))
+        with open(os.path.join(unit_dir, "gate_list.inc"), "w") as f:
+            f.writelines("FA_GATE_KERNEL(%s, %d, %s)\n" % (symbol(j), j["threads"], j["fn"]) for j in unit_jobs)
+        amd_asm, amd_remarks = compile_target(a.clang, "amdgcn", unit_dir, proxy, root, extra, constants is not None)
+        ptx, _ = compile_target(a.clang, "nvptx", unit_dir, proxy, root, extra, constants is not None)
+        if ".amdhsa_wavefront_size32 1" not in amd_asm:
+            fail("the amdgcn build is not wave32")
+        amd, nv = amdgcn_usage(amd_remarks), nvptx_usage(ptx)
+        for j in unit_jobs:
+            if symbol(j) not in amd or symbol(j) not in nv:
+                fail("no resource usage for %s in the compiler output" % symbol(j))
+            j["amd"], j["nv"] = amd[symbol(j)], nv[symbol(j)]
 
     print("GPU resource gate (proxy: clang %s, amdgcn gfx1100 wave32 and nvptx sm_80, -O3; "
-          "limits: 0 scratch, <= %d VGPRs)" % (clang_version(a.clang), MAX_VGPRS))
-    header = ("kernel", "threads", "VGPRs", "SGPRs", "scratch B/lane", "nvptx local B", "threadgroup B", "verdict")
-    rows = []
-    over = 0
-    wrong = 0
-    for name, fn, n, expect in kernels:
-        sym = symbol(name, n)
-        if sym not in amd or sym not in nv:
-            fail("no resource usage for %s in the compiler output" % sym)
-        g, p = amd[sym], nv[sym]
-        problems = []
-        if g.get("ScratchSize", 0) or g.get("VGPRs Spill", 0) or g.get("Dynamic Stack") == "True":
-            problems.append("scratch")
-        if p["local"] or p["local_ops"]:
-            problems.append("nvptx-local")
-        if g["VGPRs"] > MAX_VGPRS:
-            problems.append("vgprs")
-        if p["calls"]:
-            problems.append("calls")
+          "limits: 0 scratch, <= %d VGPRs; constants: 'any' = opaque, else index=bits as the plan "
+          "launches it)" % (clang_version(a.clang), MAX_VGPRS))
+    header = ("kernel", "threads", "constants", "VGPRs", "SGPRs", "scratch B/lane", "nvptx local B",
+              "threadgroup B", "verdict")
+    rows, over, wrong = [], set(), 0
+    for j in jobs:
+        g, p = j["amd"], j["nv"]
+        problems = judge(j, g, p)
         verdict = "ok" if not problems else "OVER: " + ",".join(problems)
         if problems:
-            over += 1
-        if expect is not None:
+            over.add(j["name"])
+        if j["expect"] is not None:
             got = "pass" if not problems else ("scratch" if "scratch" in problems else problems[0])
-            if got != expect:
+            if got != j["expect"]:
                 wrong += 1
-                verdict += "  (expected %s)" % expect
+                verdict += "  (expected %s)" % j["expect"]
             else:
                 verdict += "  (as expected)"
-        rows.append((name, str(n), str(g["VGPRs"]), str(g.get("SGPRs", "?")),
-                     str(g.get("ScratchSize", "?")), str(p["local"]),
+        rows.append((j["name"], str(j["threads"]), describe(j["constants"]), str(g["VGPRs"]),
+                     str(g.get("SGPRs", "?")), str(g.get("ScratchSize", "?")), str(p["local"]),
                      str(g.get("LDS Size", "?")), verdict))
     widths = [max(len(r[i]) for r in rows + [header]) for i in range(len(header))]
+    left = (0, 2, 8)
     for r in [header, tuple("-" * w for w in widths)] + rows:
-        print("  ".join(c.ljust(w) if i in (0, 7) else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+        print("  ".join(c.ljust(w) if i in left else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths))).rstrip())
 
+    kernels = len({j["name"] for j in jobs})
     if a.kernel:
         if wrong:
             print("gpu gate: %d planted kernel(s) not judged as expected" % wrong)
@@ -241,14 +281,14 @@ def main():
     if a.expect_over_budget:
         if over:
             print("gpu gate: %d of %d kernels over budget, as expected for the one-thread-per-row kernels "
-                  "(configure with -DFLASHATTN_GPU_GATE_STRICT=ON to require every kernel to pass)" % (over, len(rows)))
+                  "(configure with -DFLASHATTN_GPU_GATE_STRICT=ON to require every kernel to pass)" % (len(over), kernels))
             return 0
         print("gpu gate: every kernel is within budget: turn the gate on (FLASHATTN_GPU_GATE_STRICT=ON)")
         return 1
     if over:
-        print("gpu gate: FAIL: %d of %d kernels over budget" % (over, len(rows)))
+        print("gpu gate: FAIL: %d of %d kernels over budget: %s" % (len(over), kernels, ", ".join(sorted(over))))
         return 1
-    print("gpu gate: all %d kernels within budget" % len(rows))
+    print("gpu gate: all %d kernels within budget" % kernels)
     return 0
 
 

@@ -21,8 +21,8 @@ if(NOT FLASHATTN_SANITIZE)
   find_program(FLASHATTN_GPU_GATE_CLANG NAMES clang++-19)
   find_package(Python3 COMPONENTS Interpreter)
   if(FLASHATTN_GPU_GATE_CLANG AND Python3_Interpreter_FOUND)
-    add_executable(gpu_gate_plan_threads ${_gate_dir}/plan_threads.cpp)
-    target_link_libraries(gpu_gate_plan_threads PRIVATE flashattn_core)
+    add_executable(gpu_gate_plan_launches ${_gate_dir}/plan_launches.cpp)
+    target_link_libraries(gpu_gate_plan_launches PRIVATE flashattn_core)
     set(_gate ${Python3_EXECUTABLE} ${_gate_dir}/gate.py --clang ${FLASHATTN_GPU_GATE_CLANG}
               --root ${PROJECT_SOURCE_DIR})
     if(FLASHATTN_GPU_GATE_STRICT)
@@ -32,7 +32,7 @@ if(NOT FLASHATTN_SANITIZE)
     endif()
     add_test(NAME gpu_gate_kernels
              COMMAND ${_gate} --work ${CMAKE_CURRENT_BINARY_DIR}/gpu_gate/kernels
-                     --plan-threads $<TARGET_FILE:gpu_gate_plan_threads> ${_gate_mode})
+                     --plan-launches $<TARGET_FILE:gpu_gate_plan_launches> ${_gate_mode})
     add_test(NAME gpu_gate_planted
              COMMAND ${_gate} --work ${CMAKE_CURRENT_BINARY_DIR}/gpu_gate/planted
                      --source ${_gate_dir}/planted/planted.metal
