@@ -177,7 +177,9 @@ def main():
     ap.add_argument("--work", required=True, help="a directory for generated files")
     ap.add_argument("--plan-launches", help="the gpu_gate_plan_launches program (kernel list mode)")
     ap.add_argument("--kernel", action="append", default=[],
-                    help="NAME=FUNCTION@THREADS[:EXPECT], EXPECT pass|scratch|vgprs (explicit mode)")
+                    help="NAME=FUNCTION@THREADS[/INDEX=BITS,...][:EXPECT] (explicit mode): the constants "
+                         "folded (none after '/': every one unset), else opaque; EXPECT the verdict, "
+                         "pass|scratch|vgprs|unset-constant")
     ap.add_argument("--source", action="append", default=[], help=".metal sources (explicit mode)")
     ap.add_argument("--expect-over-budget", action="store_true",
                     help="pass only if the kernels compile and at least one is over budget "
@@ -193,11 +195,13 @@ def main():
     if a.kernel:
         sources = [os.path.abspath(s) for s in a.source]
         for spec in a.kernel:
-            m = re.fullmatch(r"(\w+)=(.+)@(\d+)(?::(pass|scratch|vgprs))?", spec)
+            m = re.fullmatch(r"(\w+)=(.+?)@(\d+)(?:/((?:\d+=\d+,?)*))?(?::(pass|scratch|vgprs|unset-constant))?", spec)
             if not m:
                 fail("bad --kernel %r" % spec)
-            jobs.append(dict(name=m.group(1), fn=m.group(2), threads=int(m.group(3)), constants=None,
-                             expect=m.group(4)))
+            constants = None if m.group(4) is None else tuple(
+                tuple(int(x) for x in c.split("=")) for c in m.group(4).split(",") if c)
+            jobs.append(dict(name=m.group(1), fn=m.group(2), threads=int(m.group(3)), constants=constants,
+                             expect=m.group(5)))
     else:
         if not a.plan_launches:
             fail("--plan-launches or --kernel is required")
@@ -257,7 +261,7 @@ def main():
         if problems:
             over.add(j["name"])
         if j["expect"] is not None:
-            got = "pass" if not problems else ("scratch" if "scratch" in problems else problems[0])
+            got = "pass" if not problems else ("scratch" if "scratch" in problems else problems[0].split()[0])
             if got != j["expect"]:
                 wrong += 1
                 verdict += "  (expected %s)" % j["expect"]
