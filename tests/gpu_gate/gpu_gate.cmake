@@ -7,7 +7,8 @@
 #    while some kernel is over budget, prints the table either way); with
 #    -DFLASHATTN_GPU_GATE_STRICT=ON it requires every kernel to pass.
 #  - gpu_gate_planted: planted kernels with known verdicts (one in registers,
-#    opaque, folded and with its function constant unset; one in scratch; one
+#    opaque, folded and with its function constant unset; one of half and
+#    bfloat fragments and every SIMD function; one in scratch; one
 #    over 128 VGPRs), so the gate is known to be able to fail and to pass.
 # Not in sanitizer builds: it compiles for GPUs, the sanitizers change nothing.
 option(FLASHATTN_GPU_GATE_STRICT "Require every Metal kernel to pass the GPU resource gate" OFF)
@@ -39,6 +40,7 @@ if(NOT FLASHATTN_SANITIZE)
                      --kernel planted_tiles=planted_tiles@128:pass
                      --kernel planted_tiles_folded=planted_tiles@128/0=1:pass
                      --kernel planted_tiles_unset=planted_tiles@128/:unset-constant
+                     --kernel planted_types=planted_types@64:pass
                      --kernel planted_scratch=planted_scratch@64:scratch
                      --kernel planted_vgprs=planted_vgprs@64:vgprs)
     set_tests_properties(gpu_gate_kernels gpu_gate_planted PROPERTIES LABELS gpu_gate)

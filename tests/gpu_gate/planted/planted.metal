@@ -4,6 +4,8 @@
 // gate judges every one as expected.
 //   planted_tiles:    8x8 simdgroup_matrix tiles in registers, a function
 //                     constant, shuffles, threadgroup staging -> passes;
+//   planted_types:    half and bfloat fragments, vectors, conversions and
+//                     every SIMD-group function the proxy models -> passes;
 //   planted_scratch:  a per-thread array indexed by a run-time bound (what
 //                     the one-thread-per-row kernels do) -> scratch;
 //   planted_vgprs:    160 floats live per thread, every index a constant
@@ -43,6 +45,48 @@ kernel void planted_tiles(device const float* a [[buffer(0)]],
     s = planted_full ? s : simd_sum(s) * p.scale;
     s = max(s, simd_shuffle_xor(s, ushort(1)));
     out[group.x * 128 + tid] = exp2(s) + float(lane);
+}
+
+kernel void planted_types(device const half* a [[buffer(0)]],
+                          device const bfloat* b [[buffer(1)]],
+                          device float* out [[buffer(2)]],
+                          constant PlantedParams& p [[buffer(3)]],
+                          uint3 group [[threadgroup_position_in_grid]],
+                          uint tid [[thread_index_in_threadgroup]],
+                          uint lane [[thread_index_in_simdgroup]]) {
+    FA_TG_ARRAY(half, ha, 64);
+    FA_TG_ARRAY(bfloat, hb, 64);
+    if (tid < 64) {
+        ha[tid] = a[group.x * 64 + tid];
+        hb[tid] = b[group.x * 64 + tid];
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_half8x8 x;
+    simdgroup_bfloat8x8 y;
+    simdgroup_load(x, ha, 8);
+    simdgroup_load(y, hb, 8, ulong2(0, 0), true);
+    simdgroup_float8x8 acc = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    simdgroup_multiply_accumulate(acc, x, y, acc);
+    simdgroup_multiply(acc, x, x);
+    simdgroup_half8x8 h;
+    simdgroup_multiply(h, x, x);
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    simdgroup_store(h, ha, 8);
+
+    const float2 e = acc.thread_elements();
+    const half2 hv = half2(h.thread_elements());
+    float4 v = float4(e, float2(float(hv.x), float(hv.y)));
+    v = v * p.scale + float4(1.0f);
+    uint2 u = uint2(lane, tid);
+    ushort sh = ushort(u.x + u.y);
+    float s = v.x + v[1] + v.z + v.w + float(sh);
+    s = simd_sum(s) + simd_max(s) + simd_min(s);
+    s += simd_shuffle(s, ushort(3)) + simd_broadcast(s, ushort(0)) + simd_shuffle_down(s, ushort(1)) +
+         simd_shuffle_up(s, ushort(2));
+    s = select(s, -s, isnan(s) || isinf(s) || s > FLT_MAX);
+    s = abs(fma(exp(s), log(abs(s) + 1.0f), min(s, INFINITY)));
+    simdgroup_barrier(mem_flags::mem_none);
+    out[group.x * 64 + tid] = s + float(half(s)) + float(bfloat(s));
 }
 
 kernel void planted_scratch(device const float* a [[buffer(0)]],

@@ -58,25 +58,26 @@ FA_GATE_DEVICE simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T value) {
 
 // Element (r, c) of the matrix at src is src[(origin.y + r) * elements_per_row
 // + origin.x + c]; with transpose_matrix the loaded matrix is its transpose.
-template <class T, class S>
-FA_GATE_DEVICE void simdgroup_load(simdgroup_matrix<T, 8, 8>& d, const S* src, ulong elements_per_row = 8,
+// The pointer's element type is the matrix's, as in MSL (no conversion).
+template <class T>
+FA_GATE_DEVICE void simdgroup_load(simdgroup_matrix<T, 8, 8>& d, const T* src, ulong elements_per_row = 8,
                                    ulong2 matrix_origin = ulong2(0, 0), bool transpose_matrix = false) {
     const ::fa_gate::MatrixCoord at = ::fa_gate::matrix_coord();
     for (unsigned i = 0; i < 2; ++i) {
         const ulong r = transpose_matrix ? at.col + i : at.row;
         const ulong c = transpose_matrix ? at.row : at.col + i;
-        d.elements[int(i)] = T(src[(matrix_origin.y + r) * elements_per_row + matrix_origin.x + c]);
+        d.elements[int(i)] = src[(matrix_origin.y + r) * elements_per_row + matrix_origin.x + c];
     }
 }
 
-template <class T, class S>
-FA_GATE_DEVICE void simdgroup_store(const simdgroup_matrix<T, 8, 8>& a, S* dst, ulong elements_per_row = 8,
+template <class T>
+FA_GATE_DEVICE void simdgroup_store(const simdgroup_matrix<T, 8, 8>& a, T* dst, ulong elements_per_row = 8,
                                     ulong2 matrix_origin = ulong2(0, 0), bool transpose_matrix = false) {
     const ::fa_gate::MatrixCoord at = ::fa_gate::matrix_coord();
     for (unsigned i = 0; i < 2; ++i) {
         const ulong r = transpose_matrix ? at.col + i : at.row;
         const ulong c = transpose_matrix ? at.row : at.col + i;
-        dst[(matrix_origin.y + r) * elements_per_row + matrix_origin.x + c] = S(a.elements[int(i)]);
+        dst[(matrix_origin.y + r) * elements_per_row + matrix_origin.x + c] = a.elements[int(i)];
     }
 }
 

@@ -27,7 +27,7 @@ struct vec;
 // Component access by name (.x .y .z .w) and by index, over one array.
 #define FA_GATE_VEC_COMMON(N)                                                          \
     vec() = default;                                                                   \
-    FA_GATE_DEVICE explicit vec(T s) {                                                 \
+    FA_GATE_DEVICE vec(T s) { /* MSL: a scalar converts to a vector implicitly */      \
         for (int i = 0; i < N; ++i) e[i] = s;                                          \
     }                                                                                  \
     template <class U>                                                                 \
