@@ -1,0 +1,57 @@
+// Prints how the plan launches each kernel, one line per distinct
+// (kernel, threads per threadgroup, function constants), over plans for
+// every head size and a spread of shapes (decode with split keys, GQA,
+// ragged lengths):
+//   <kernel> <threads> <index>=<bits>,...   (or "-" for no constants)
+// threads is 0 for a threadgroup that is not one-dimensional (the gate
+// rejects it). The gate compiles each kernel with exactly the launch bound
+// and the function-constant values the host uses.
+#include <cstdint>
+#include <cstdio>
+#include <set>
+#include <string>
+
+#include "core/plan.h"
+
+using namespace flashattn;
+
+namespace {
+
+FlashParams shape(int B, int Tq, int Tk, int H, int Hkv, int D) {
+    FlashParams p{};
+    p.B = B, p.Tq = Tq, p.Tk = Tk, p.H = H, p.Hkv = Hkv, p.D = D;
+    p.group = H / Hkv;
+    p.window_left = Tk;  // unbounded, as make_forward_params normalises it
+    p.window_right = Tq;
+    p.scale = 0.125f;
+    return p;
+}
+
+std::string describe(const Launch& l) {
+    const uint32_t threads = l.threadgroup.y * l.threadgroup.z == 1 ? l.threadgroup.x : 0;
+    std::string constants;
+    for (const FunctionConstant& c : l.constants)
+        constants += (constants.empty() ? "" : ",") + std::to_string(c.index) + "=" + std::to_string(c.bits);
+    return l.kernel + " " + std::to_string(threads) + " " + (constants.empty() ? "-" : constants);
+}
+
+}  // namespace
+
+int main() {
+    std::set<std::string> lines;
+    auto note = [&](const Plan& plan) {
+        for (const Launch& l : plan.launches) lines.insert(describe(l));
+    };
+    const int lengths[][2] = {{1, 4096}, {4, 4096}, {32, 4096}, {113, 203}, {300, 300}, {1024, 1024}};
+    const int heads[][2] = {{1, 1}, {4, 1}, {8, 1}, {8, 2}};
+    for (int D = 1; D <= 256; ++D)
+        for (const auto& t : lengths)
+            for (const auto& h : heads)
+                for (int B : {1, 2}) {
+                    const FlashParams p = shape(B, t[0], t[1], h[0], h[1], D);
+                    note(plan_forward(p));
+                    note(plan_backward(p));
+                }
+    for (const std::string& line : lines) std::printf("%s\n", line.c_str());
+    return 0;
+}
