@@ -45,8 +45,9 @@ FA_INLINE float fa_row_lse(float lse) { return lse == -INFINITY ? INFINITY : lse
 // A probability from a recomputed score and its row's lse.
 FA_INLINE float fa_prob(float s, float lse) { return exp2((s - lse) * M_LOG2E_F); }
 
-// dq for FA_BLOCK_ROWS query rows (packed numbering, as the forward); K and
-// V staged through threadgroup memory exactly as in the forward.
+// dq for FA_BLOCK_ROWS query rows (packed numbering, as the forward) and
+// FA_DQ_DCHUNK(HD) columns (grid.y = Hkv * HD / chunk); K and V staged
+// through threadgroup memory exactly as in the forward.
 template <int HD>
 kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
                          device const float* k [[buffer(1)]],
@@ -65,8 +66,10 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
     FA_TG_ARRAY(float, Ks, FA_STAGE(HD) * FA_LD(HD));
     FA_TG_ARRAY(float, Vs, FA_STAGE(HD) * FA_LD(HD));
 
+    const int DC = FA_DQ_DCHUNK(HD);
     const uint3 pos = fa_group_position(grid_pos, p);
-    const int hkv = int(pos.y);
+    const int hkv = int(pos.y) / (HD / DC);
+    const int c0 = (int(pos.y) % (HD / DC)) * DC;  // this threadgroup's columns of dq
     const int b = int(pos.z);
     const int r0 = int(pos.x) * FA_BLOCK_ROWS;
     const FaLane at = fa_lane(lane);
@@ -88,15 +91,15 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
     const int group_begin = int(fa_key_begin(t_lo, p.Tq, p.Tk, p.window_left));
     const int group_end = int(fa_key_end(t_hi, p.Tq, p.Tk, p.window_right));
 
-    FaRowFragments<HD, FA_BWD_ROWS_IN_REGISTERS(HD)> Q, G;
+    FaRowFragments<HD, FA_DQ_ROWS_IN_REGISTERS(HD)> Q, G;
     Q.load(row.valid ? q + fa_offset(p.q.b, p.q.t, p.q.h, b, row.t, row.h) : nullptr, at.col, p.D,
            p.scale);
     G.load(row.valid ? dout + fa_offset(p.dout.b, p.dout.t, p.dout.h, b, row.t, row.h) : nullptr,
            at.col, p.D, 1.0f);
 
-    fa_frag dQ[HD / 8];
+    fa_frag dQ[DC / 8];
     FA_UNROLL
-    for (int d8 = 0; d8 < HD / 8; ++d8) dQ[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    for (int d8 = 0; d8 < DC / 8; ++d8) dQ[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
 
     device const float* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
     device const float* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);
@@ -132,30 +135,30 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
                 S[k8].thread_elements()[i] = prob * (dP[k8].thread_elements()[i] - row_delta);
             }
         }
-        // dQ += dS K.
+        // dQ += dS K, on this threadgroup's columns.
         FA_UNROLL
-        for (int d8 = 0; d8 < HD / 8; ++d8) {
+        for (int d8 = 0; d8 < DC / 8; ++d8) {
             FA_UNROLL
             for (int k8 = 0; k8 < BK / 8; ++k8) {
                 fa_frag kf;
-                simdgroup_load(kf, Ks + k8 * 8 * LD + d8 * 8, ulong(LD));
+                simdgroup_load(kf, Ks + k8 * 8 * LD + c0 + d8 * 8, ulong(LD));
                 simdgroup_multiply_accumulate(dQ[d8], S[k8], kf, dQ[d8]);
             }
         }
     }
 
-    if (!row.valid || at.col >= p.D) return;
+    if (!row.valid || c0 + at.col >= p.D) return;
     device float* out = dq + fa_offset(p.dq.b, p.dq.t, p.dq.h, b, row.t, row.h);
     FA_UNROLL
-    for (int d8 = 0; d8 < HD / 8; ++d8) {
-        const int c = d8 * 8 + at.col;
+    for (int d8 = 0; d8 < DC / 8; ++d8) {
+        const int c = c0 + d8 * 8 + at.col;
         if (fa_head_full || c < p.D) out[c] = dQ[d8].thread_elements()[0] * p.scale;
         if (fa_head_full || c + 1 < p.D) out[c + 1] = dQ[d8].thread_elements()[1] * p.scale;
     }
 }
 
 // dk and dv for FA_BLOCK_ROWS key rows of one kv head, columns [c0, c0 +
-// FA_BWD_DCHUNK(HD)) of D (grid.y = Hkv * HD / FA_BWD_DCHUNK(HD)), summed
+// FA_DKDV_DCHUNK(HD)) of D (grid.y = Hkv * HD / FA_DKDV_DCHUNK(HD)), summed
 // over the query heads of the group and the query rows that see each key.
 // Q blocks (scaled by `scale`, as the forward scales Q, so S^T holds the
 // forward's scores bit for bit) and dout blocks of FA_STAGE(HD) rows are
@@ -176,7 +179,7 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
                            uint sg [[simdgroup_index_in_threadgroup]]) {
     const int BQ = FA_STAGE(HD);
     const int LD = FA_LD(HD);
-    const int DC = FA_BWD_DCHUNK(HD);
+    const int DC = FA_DKDV_DCHUNK(HD);
     FA_TG_ARRAY(float, Qs, FA_STAGE(HD) * FA_LD(HD));
     FA_TG_ARRAY(float, Gs, FA_STAGE(HD) * FA_LD(HD));
     FA_TG_ARRAY(float, Ls, FA_STAGE(HD));
@@ -202,7 +205,7 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
     const int group_begin = int(fa_query_begin(j_first, p.Tq, p.Tk, p.window_right));
     const int group_end = int(fa_query_end(j_last, p.Tq, p.Tk, p.window_left));
 
-    FaRowFragments<HD, FA_BWD_ROWS_IN_REGISTERS(HD)> K, V;
+    FaRowFragments<HD, FA_DKDV_ROWS_IN_REGISTERS(HD)> K, V;
     K.load(key_valid ? k + fa_offset(p.k.b, p.k.t, p.k.h, b, j, hkv) : nullptr, at.col, p.D, 1.0f);
     V.load(key_valid ? v + fa_offset(p.v.b, p.v.t, p.v.h, b, j, hkv) : nullptr, at.col, p.D, 1.0f);
 

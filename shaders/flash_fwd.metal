@@ -3,6 +3,7 @@
 //
 // Work split (MLX steel attention, metal-flash-attention): a threadgroup of
 // FA_SIMDGROUPS SIMD groups owns FA_BLOCK_ROWS query rows of one kv head
+// (and FA_FWD_DCHUNK(HD) columns of o: grid.y = Hkv * HD / chunk)
 // (the packed numbering of FlashParams::rows_per_head: in decode the query
 // heads of a GQA group share the block, so each K/V row is read once per kv
 // head); each SIMD group owns 8 of them. K and V blocks of FA_STAGE(HD) keys
@@ -49,8 +50,10 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
     FA_TG_ARRAY(float, Ks, FA_STAGE(HD) * FA_LD(HD));
     FA_TG_ARRAY(float, Vs, FA_STAGE(HD) * FA_LD(HD));
 
+    const int DC = FA_FWD_DCHUNK(HD);
     const uint3 pos = fa_group_position(grid_pos, p);
-    const int hkv = int(pos.y);
+    const int hkv = int(pos.y) / (HD / DC);
+    const int c0 = (int(pos.y) % (HD / DC)) * DC;  // this threadgroup's columns of o
     const int b = int(pos.z) % p.B;
     const int split = int(pos.z) / p.B;
     const int r0 = int(pos.x) * FA_BLOCK_ROWS;
@@ -79,9 +82,9 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
     Q.load(row.valid ? q + fa_offset(p.q.b, p.q.t, p.q.h, b, row.t, row.h) : nullptr, at.col, p.D,
            p.scale);
 
-    fa_frag O[HD / 8];
+    fa_frag O[DC / 8];
     FA_UNROLL
-    for (int d8 = 0; d8 < HD / 8; ++d8) O[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    for (int d8 = 0; d8 < DC / 8; ++d8) O[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     float m = -FLT_MAX;
     float l = 0.0f;
 
@@ -139,21 +142,21 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
         l = l * factor + fa_row_sum(tile_sum);
         m = m_new;
 
-        // O = O * factor + P V.
+        // O = O * factor + P V, on this threadgroup's columns.
         FA_UNROLL
-        for (int d8 = 0; d8 < HD / 8; ++d8) {
+        for (int d8 = 0; d8 < DC / 8; ++d8) {
             O[d8].thread_elements()[0] *= factor;
             O[d8].thread_elements()[1] *= factor;
             FA_UNROLL
             for (int k8 = 0; k8 < BK / 8; ++k8) {
                 fa_frag vf;
-                simdgroup_load(vf, Vs + k8 * 8 * LD + d8 * 8, ulong(LD));
+                simdgroup_load(vf, Vs + k8 * 8 * LD + c0 + d8 * 8, ulong(LD));
                 simdgroup_multiply_accumulate(O[d8], S[k8], vf, O[d8]);
             }
         }
     }
 
-    if (!row.valid || at.col >= p.D) return;
+    if (!row.valid || c0 + at.col >= p.D) return;
     // l == 0: no key seen (or every score -inf): o = 0, lse = -inf. A NaN l
     // is not 0, so NaN reaches o and lse.
     const float inv = l == 0.0f ? 0.0f : 1.0f / l;
@@ -169,13 +172,14 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
         lse_at = (fa_long(b) * p.H + row.h) * p.Tq + row.t;
     }
     FA_UNROLL
-    for (int d8 = 0; d8 < HD / 8; ++d8) {
-        const int c = d8 * 8 + at.col;
+    for (int d8 = 0; d8 < DC / 8; ++d8) {
+        const int c = c0 + d8 * 8 + at.col;
         if (fa_head_full || c < p.D) out[c] = O[d8].thread_elements()[0] * inv;
         if (fa_head_full || c + 1 < p.D) out[c + 1] = O[d8].thread_elements()[1] * inv;
     }
-    // One lane per row writes the row's lse (lanes ^1, ^8, ^9 share it).
-    if (at.col == 0) lse[lse_at] = row_lse;
+    // One lane per row of the first column chunk writes the row's lse
+    // (lanes ^1, ^8, ^9 share it; every chunk computed the same m and l).
+    if (c0 == 0 && at.col == 0) lse[lse_at] = row_lse;
 }
 
 // The split-KV merge: o = sum_s exp(lse_s - lse) o_s with lse = log sum_s

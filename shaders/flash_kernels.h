@@ -44,12 +44,15 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // Apple GPUs have at most 128. Forward: Q (and O always); dQ: Q and dO (and
 // dQ); dK/dV: K and V (and dK, dV).
 #define FA_FWD_Q_IN_REGISTERS(HD) ((HD) <= 128)
-#define FA_BWD_ROWS_IN_REGISTERS(HD) ((HD) <= 64)
-// The dK/dV kernel accumulates dK and dV for at most FA_BWD_DCHUNK(HD)
-// columns of D per threadgroup (2 x HD/4 registers otherwise: 128 at
-// hd256); a launch then has HD / FA_BWD_DCHUNK(HD) threadgroups per key
-// block, each recomputing the scores.
-#define FA_BWD_DCHUNK(HD) ((HD) <= 128 ? (HD) : 128)
+#define FA_DQ_ROWS_IN_REGISTERS(HD) ((HD) <= 64)
+#define FA_DKDV_ROWS_IN_REGISTERS(HD) ((HD) <= 32)
+// Accumulators (O; dQ; dK and dV) cover at most a chunk of D columns per
+// threadgroup: the full head where the gate finds that it fits in 128
+// registers, else a launch has HD / chunk threadgroups per row block, each
+// recomputing the scores for its columns (the FLOP cost is in docs/metal.md).
+#define FA_FWD_DCHUNK(HD) ((HD) <= 128 ? (HD) : 128)
+#define FA_DQ_DCHUNK(HD) ((HD) <= 128 ? (HD) : 64)
+#define FA_DKDV_DCHUNK(HD) ((HD) <= 96 ? (HD) : 64)
 
 // Threads of the O(T D) kernels (delta preprocess, split-KV merge): one per
 // row, and one SIMD group per row, respectively.

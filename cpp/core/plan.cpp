@@ -98,7 +98,8 @@ Plan plan_forward(const FlashParams& p) {
     const int32_t splits = kv_splits(p, row_blocks);
     plan.params.kv_splits = splits;
     const std::string name = "flash_fwd_f32_hd" + std::to_string(bucket);
-    const Dim3 grid{row_blocks, uint32_t(p.Hkv), uint32_t(p.B) * uint32_t(splits)};
+    const uint32_t chunks = uint32_t(bucket / FA_FWD_DCHUNK(bucket));
+    const Dim3 grid{row_blocks, uint32_t(p.Hkv) * chunks, uint32_t(p.B) * uint32_t(splits)};
     if (splits == 1) {
         plan.launches.push_back(Launch{name,
                                        {Slot::q, Slot::k, Slot::v, Slot::o, Slot::lse, Slot::params},
@@ -139,12 +140,12 @@ Plan plan_backward(const FlashParams& p) {
     plan.launches.push_back(Launch{
         "flash_bwd_dq" + suffix,
         {Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse, Slot::delta, Slot::dq, Slot::params},
-        Dim3{blocks(int64_t(p.group) * plan.params.rows_per_head, FA_BLOCK_ROWS), uint32_t(p.Hkv),
-             uint32_t(p.B)},
+        Dim3{blocks(int64_t(p.group) * plan.params.rows_per_head, FA_BLOCK_ROWS),
+             uint32_t(p.Hkv) * uint32_t(bucket / FA_DQ_DCHUNK(bucket)), uint32_t(p.B)},
         kTiled,
         head_constants(p, bucket),
     });
-    const uint32_t chunks = uint32_t(bucket / FA_BWD_DCHUNK(bucket));
+    const uint32_t chunks = uint32_t(bucket / FA_DKDV_DCHUNK(bucket));
     plan.launches.push_back(Launch{
         "flash_bwd_dkdv" + suffix,
         {Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse, Slot::delta, Slot::dk, Slot::dv,

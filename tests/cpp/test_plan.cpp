@@ -115,10 +115,13 @@ int main() {
         CHECK(dkdv.kernel == "flash_bwd_dkdv_f32_hd128");
         CHECK((dkdv.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse,
                                                  Slot::delta, Slot::dk, Slot::dv, Slot::params}));
-        CHECK(same(dkdv.grid, 3, 3, 2));
+        CHECK(same(dkdv.grid, 3, 3 * 2, 2));  // two column chunks of 64 per kv head
         CHECK(same(dkdv.threadgroup, FA_THREADS, 1, 1));
-        // hd256 accumulates dK, dV in two column chunks: grid.y = Hkv x 2.
-        CHECK(same(plan_backward(params(1, 40, 40, 4, 2, 200)).launches[2].grid, 2, 4, 1));
+        // hd256 accumulates in column chunks: o in 2 of 128, dq and dk/dv in 4 of 64.
+        CHECK(same(plan_forward(params(1, 40, 40, 4, 2, 200)).launches[0].grid, 4, 2 * 2, 1));
+        const Plan wide = plan_backward(params(1, 40, 40, 4, 2, 200));
+        CHECK(same(wide.launches[1].grid, 4, 2 * 4, 1));  // 2 heads x 2 blocks of 32 rows
+        CHECK(same(wide.launches[2].grid, 2, 2 * 4, 1));
     }
     // Empty calls never reach a plan (run_forward answers them).
     CHECK_THROWS(std::invalid_argument, "plan_forward", plan_forward(params(1, 0, 5, 1, 1, 8)));

@@ -125,7 +125,12 @@ struct Invoke<F> {
 }  // namespace fa_gate
 
 #ifdef __AMDGPU__
-#define FA_GATE_BOUNDS(threads) __attribute__((amdgpu_flat_work_group_size(threads, threads)))
+// The launch bound, and Apple's register file: at most 128 32-bit registers
+// per thread. Told so, the compiler schedules for it (an unbounded gfx1100
+// has 256 and spends them on loads issued early); what still does not fit
+// is spilled, and the gate rejects the scratch.
+#define FA_GATE_BOUNDS(threads) \
+    __attribute__((amdgpu_flat_work_group_size(threads, threads), amdgpu_num_vgpr(128)))
 #else
 #define FA_GATE_BOUNDS(threads) __attribute__((__launch_bounds__(threads)))
 #endif
