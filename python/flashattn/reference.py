@@ -38,7 +38,7 @@ def _probabilities(q, k, causal, window, scale):
     B, Tq, H, D = q.shape
     Tk, Hkv = k.shape[1], k.shape[2]
     k = np.repeat(k, H // Hkv, axis=2)  # query head h reads kv head h // (H // Hkv)
-    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    s = np.einsum("bqhd,bkhd->bhqk", q * scale, k)  # scale first, as the engines do
     mask = visible_keys(Tq, Tk, causal=causal, window=window)
     s = np.where(mask, s, -np.inf)
     m = s.max(axis=-1, keepdims=True) if Tk else np.full((B, H, Tq, 1), -np.inf, s.dtype)
