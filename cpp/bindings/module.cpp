@@ -63,10 +63,21 @@ struct PendingOutput {
     OutputBuffer buffer;
     std::vector<size_t> shape;
 
-    PendingOutput(Engine& engine, std::vector<size_t> shape_) : shape(std::move(shape_)) {
+    PendingOutput(Engine& engine, const char* fn, const char* name, std::vector<size_t> shape_)
+        : shape(std::move(shape_)) {
         size_t n = 1;
         for (size_t s : shape) n *= s;
-        buffer = engine.allocate(n);
+        try {
+            buffer = engine.allocate(n);
+        } catch (const std::bad_alloc&) {
+            std::vector<int64_t> dims(shape.begin(), shape.end());
+            PyErr_Format(PyExc_MemoryError,
+                         "%s: cannot allocate the output %s of shape %s float32 (%zu bytes) "
+                         "for the %s engine",
+                         fn, name, shape_string(dims).c_str(), n * sizeof(float),
+                         engine.name().c_str());
+            throw nb::python_error();
+        }
     }
 
     OutputArray release() {
@@ -84,8 +95,9 @@ nb::tuple forward(InputArray q, InputArray k, InputArray v, bool causal, int64_t
     const FlashParams p = make_forward_params(view_of(q), view_of(k), view_of(v),
                                               options_of(causal, window_left, window_right, scale));
     Engine& engine = engine_for(backend);
-    PendingOutput o(engine, {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)});
-    PendingOutput lse(engine, {size_t(p.B), size_t(p.H), size_t(p.Tq)});
+    const char* fn = "attention";
+    PendingOutput o(engine, fn, "o", {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)});
+    PendingOutput lse(engine, fn, "lse", {size_t(p.B), size_t(p.H), size_t(p.Tq)});
     {
         nb::gil_scoped_release released;
         run_forward(engine, p, {q.data(), k.data(), v.data(), o.buffer.data, lse.buffer.data});
@@ -100,9 +112,10 @@ nb::tuple backward(InputArray dout, InputArray q, InputArray k, InputArray v, In
         view_of(dout), view_of(q), view_of(k), view_of(v), view_of(o), view_of(lse),
         options_of(causal, window_left, window_right, scale));
     Engine& engine = engine_for(backend);
-    PendingOutput dq(engine, {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)});
-    PendingOutput dk(engine, {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)});
-    PendingOutput dv(engine, {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)});
+    const char* fn = "attention_backward";
+    PendingOutput dq(engine, fn, "dq", {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)});
+    PendingOutput dk(engine, fn, "dk", {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)});
+    PendingOutput dv(engine, fn, "dv", {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)});
     {
         nb::gil_scoped_release released;
         run_backward(engine, p,
@@ -110,6 +123,15 @@ nb::tuple backward(InputArray dout, InputArray q, InputArray k, InputArray v, In
                       dq.buffer.data, dk.buffer.data, dv.buffer.data});
     }
     return nb::make_tuple(dq.release(), dk.release(), dv.release());
+}
+
+// fa.reference's shape and option checks: the core's, on shapes alone.
+void check_call(const std::string& fn, const std::vector<int64_t>& q_shape,
+                const std::vector<int64_t>& k_shape, const std::vector<int64_t>& v_shape,
+                bool causal, int64_t window_left, int64_t window_right,
+                std::optional<double> scale) {
+    check_call_shapes(fn, q_shape, k_shape, v_shape,
+                      options_of(causal, window_left, window_right, scale));
 }
 
 }  // namespace
@@ -123,6 +145,9 @@ NB_MODULE(_core, m) {
     m.def("backward", &backward, nb::arg("do"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
           nb::arg("o"), nb::arg("lse"), nb::arg("causal"), nb::arg("window_left"),
           nb::arg("window_right"), nb::arg("scale").none(), nb::arg("backend").none());
+    m.def("check_call", &check_call, nb::arg("fn"), nb::arg("q_shape"), nb::arg("k_shape"),
+          nb::arg("v_shape"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
+          nb::arg("scale").none());
     m.def("set_num_threads", &cpu::set_num_threads, nb::arg("n"));
     m.def("get_num_threads", &cpu::num_threads);
     // For the benchmark (python -m flashattn bench): GFLOP/s of FMA chains.
