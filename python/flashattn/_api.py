@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import _main_interpreter  # first: refuses a subinterpreter before _core loads
 from . import _args, _core
 from .memory import _contiguous_copy
 
