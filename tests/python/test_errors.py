@@ -306,8 +306,9 @@ def test_empty_lse_with_any_strides_is_accepted(backend):
     """Tq = 0: lse (B, H, 0) holds nothing, so its strides cannot matter."""
     q, k, v = _arrays(Tq=0)
     o, lse = fa.attention(q, k, v, return_lse=True, backend=backend)
-    odd = np.empty((2, 0, 4), np.float32).transpose(0, 2, 1)  # (B, H, Tq) with odd strides
-    assert odd.shape == lse.shape and odd.strides != lse.strides
+    # Sliced from a non-empty array, an empty one keeps that array's strides.
+    odd = np.empty((4, 4, 3), np.float32)[::2, :, :0]
+    assert odd.shape == lse.shape and odd.strides == (96, 12, 4)
     dq, dk, dv = fa.attention_backward(np.ones_like(q), q, k, v, o, odd, backend=backend)
     assert dq.shape == q.shape and np.all(dk == 0) and np.all(dv == 0)
 
