@@ -9,11 +9,18 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 
 #include "core/engine.h"
+#include "core/interrupt.h"
 #include "core/params.h"
 #include "core/registry.h"
 #include "cpu/peak.h"
@@ -43,6 +50,109 @@ TensorView view_of(const InputArray& a) {
     return t;
 }
 
+// ---- Running compiled work with the GIL released.
+//
+// Not nb::gil_scoped_release: its destructor (noexcept) takes the GIL back,
+// and a daemon thread that does so while the interpreter is finalizing is
+// ended by Python with a forced unwind, which a noexcept frame turns into
+// std::terminate. Here instead the exit hook (stop_calls_at_exit) first
+// stops every call and waits for it; a call that ends after that never takes
+// the GIL again: its thread sleeps until the process is gone.
+std::mutex g_calls_mutex;
+std::condition_variable g_calls_changed;
+int g_calls_running = 0;  // calls between releasing and retaking the GIL
+bool g_exiting = false;
+
+[[noreturn]] void sleep_until_process_exit() {
+    for (;;) pause();
+}
+
+// Only the main thread of the main interpreter runs Python's signal handlers.
+bool on_main_thread() {
+    static PyObject* main_thread =  // never released: it outlives the interpreter
+        nb::object(nb::module_::import_("threading").attr("main_thread")).release().ptr();
+    nb::object thread = nb::steal(PyObject_CallNoArgs(main_thread));
+    if (!thread.is_valid()) throw nb::python_error();
+    return nb::cast<unsigned long>(thread.attr("ident")) == PyThread_get_thread_ident();
+}
+
+// Runs compute() without the GIL (called with it). On the main thread,
+// Python's signal handlers run every ~20 ms while it works (core/interrupt.h);
+// when one raises (Ctrl-C: KeyboardInterrupt), the engine stops between work
+// items and that exception is raised here, the outputs discarded.
+template <class F>
+void run_released(F&& compute) {
+    const bool poll_signals = on_main_thread();
+    bool exiting;
+    {
+        std::lock_guard<std::mutex> lock(g_calls_mutex);
+        exiting = g_exiting;
+        if (!exiting) ++g_calls_running;
+    }
+    if (exiting) {  // a daemon thread calling in during exit: never returns
+        PyEval_SaveThread();
+        sleep_until_process_exit();
+    }
+    PyObject *err_type = nullptr, *err_value = nullptr, *err_trace = nullptr;
+    PyThreadState* state = PyEval_SaveThread();
+    bool interrupted = false;
+    std::exception_ptr failure;
+    try {
+        std::optional<InterruptScope> scope;
+        if (poll_signals)
+            scope.emplace([&] {
+                PyEval_RestoreThread(state);
+                const bool raised = PyErr_CheckSignals() != 0;
+                if (raised) PyErr_Fetch(&err_type, &err_value, &err_trace);
+                state = PyEval_SaveThread();
+                return raised;
+            });
+        compute();
+    } catch (const Interrupted&) {
+        interrupted = true;
+    } catch (...) {
+        failure = std::current_exception();
+    }
+    // Once the exit hook has begun, park; until then the GIL may be taken
+    // back: the hook waits for this call (it is still counted) before the
+    // interpreter finalizes, so Python cannot end this thread mid-frame.
+    {
+        std::unique_lock<std::mutex> lock(g_calls_mutex);
+        if (g_exiting) {
+            --g_calls_running;
+            g_calls_changed.notify_all();
+            lock.unlock();
+            sleep_until_process_exit();
+        }
+    }
+    PyEval_RestoreThread(state);
+    {
+        std::lock_guard<std::mutex> lock(g_calls_mutex);
+        --g_calls_running;
+        g_calls_changed.notify_all();
+    }
+    if (err_type) {
+        PyErr_Restore(err_type, err_value, err_trace);
+        throw nb::python_error();
+    }
+    if (failure) std::rethrow_exception(failure);
+    if (interrupted) throw std::runtime_error("flashattn: the call was interrupted");
+}
+
+// atexit: after the non-daemon threads are joined and before the
+// interpreter finalizes. Every running call stops at its next check; wait
+// (without the GIL) until each has parked or returned to Python.
+void stop_calls_at_exit() {
+    stop_all_calls();
+    PyThreadState* state = PyEval_SaveThread();
+    {
+        std::unique_lock<std::mutex> lock(g_calls_mutex);
+        g_exiting = true;
+        g_calls_changed.wait_for(lock, std::chrono::seconds(10), [] { return g_calls_running == 0; });
+    }
+    PyEval_RestoreThread(state);
+}
+
 Engine& engine_for(const std::optional<std::string>& backend) {
     return backend ? get_engine(*backend) : default_engine();
 }
@@ -63,10 +173,21 @@ struct PendingOutput {
     OutputBuffer buffer;
     std::vector<size_t> shape;
 
-    PendingOutput(Engine& engine, std::vector<size_t> shape_) : shape(std::move(shape_)) {
+    PendingOutput(Engine& engine, const char* fn, const char* name, std::vector<size_t> shape_)
+        : shape(std::move(shape_)) {
         size_t n = 1;
         for (size_t s : shape) n *= s;
-        buffer = engine.allocate(n);
+        try {
+            buffer = engine.allocate(n);
+        } catch (const std::bad_alloc&) {
+            std::vector<int64_t> dims(shape.begin(), shape.end());
+            PyErr_Format(PyExc_MemoryError,
+                         "%s: cannot allocate the output %s of shape %s float32 (%zu bytes) "
+                         "for the %s engine",
+                         fn, name, shape_string(dims).c_str(), n * sizeof(float),
+                         engine.name().c_str());
+            throw nb::python_error();
+        }
     }
 
     OutputArray release() {
@@ -84,12 +205,12 @@ nb::tuple forward(InputArray q, InputArray k, InputArray v, bool causal, int64_t
     const FlashParams p = make_forward_params(view_of(q), view_of(k), view_of(v),
                                               options_of(causal, window_left, window_right, scale));
     Engine& engine = engine_for(backend);
-    PendingOutput o(engine, {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)});
-    PendingOutput lse(engine, {size_t(p.B), size_t(p.H), size_t(p.Tq)});
-    {
-        nb::gil_scoped_release released;
+    const char* fn = "attention";
+    PendingOutput o(engine, fn, "o", {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)});
+    PendingOutput lse(engine, fn, "lse", {size_t(p.B), size_t(p.H), size_t(p.Tq)});
+    run_released([&] {
         run_forward(engine, p, {q.data(), k.data(), v.data(), o.buffer.data, lse.buffer.data});
-    }
+    });
     return nb::make_tuple(o.release(), lse.release());
 }
 
@@ -100,16 +221,25 @@ nb::tuple backward(InputArray dout, InputArray q, InputArray k, InputArray v, In
         view_of(dout), view_of(q), view_of(k), view_of(v), view_of(o), view_of(lse),
         options_of(causal, window_left, window_right, scale));
     Engine& engine = engine_for(backend);
-    PendingOutput dq(engine, {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)});
-    PendingOutput dk(engine, {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)});
-    PendingOutput dv(engine, {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)});
-    {
-        nb::gil_scoped_release released;
+    const char* fn = "attention_backward";
+    PendingOutput dq(engine, fn, "dq", {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)});
+    PendingOutput dk(engine, fn, "dk", {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)});
+    PendingOutput dv(engine, fn, "dv", {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)});
+    run_released([&] {
         run_backward(engine, p,
                      {dout.data(), q.data(), k.data(), v.data(), o.data(), lse.data(),
                       dq.buffer.data, dk.buffer.data, dv.buffer.data});
-    }
+    });
     return nb::make_tuple(dq.release(), dk.release(), dv.release());
+}
+
+// fa.reference's shape and option checks: the core's, on shapes alone.
+void check_call(const std::string& fn, const std::vector<int64_t>& q_shape,
+                const std::vector<int64_t>& k_shape, const std::vector<int64_t>& v_shape,
+                bool causal, int64_t window_left, int64_t window_right,
+                std::optional<double> scale) {
+    check_call_shapes(fn, q_shape, k_shape, v_shape,
+                      options_of(causal, window_left, window_right, scale));
 }
 
 }  // namespace
@@ -123,7 +253,12 @@ NB_MODULE(_core, m) {
     m.def("backward", &backward, nb::arg("do"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
           nb::arg("o"), nb::arg("lse"), nb::arg("causal"), nb::arg("window_left"),
           nb::arg("window_right"), nb::arg("scale").none(), nb::arg("backend").none());
-    m.def("set_num_threads", &cpu::set_num_threads, nb::arg("n"));
+    m.def("check_call", &check_call, nb::arg("fn"), nb::arg("q_shape"), nb::arg("k_shape"),
+          nb::arg("v_shape"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
+          nb::arg("scale").none());
+    // Waits for running cpu calls: without the GIL, so other threads go on.
+    m.def("set_num_threads", [](int n) { run_released([&] { cpu::set_num_threads(n); }); },
+          nb::arg("n"));
     m.def("get_num_threads", &cpu::num_threads);
     // For the benchmark (python -m flashattn bench): GFLOP/s of FMA chains.
     m.def("_cpu_fma_peak", &cpu::measure_fma_peak, nb::arg("seconds"), nb::arg("threads"),
@@ -131,4 +266,6 @@ NB_MODULE(_core, m) {
 #ifdef FLASHATTN_HAVE_METAL
     bind_metal(m);
 #endif
+    m.def("_stop_calls_at_exit", &stop_calls_at_exit);
+    nb::module_::import_("atexit").attr("register")(m.attr("_stop_calls_at_exit"));
 }

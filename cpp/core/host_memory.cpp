@@ -3,12 +3,28 @@
 #include <algorithm>
 #include <cstdlib>
 #include <new>
+#include <string>
 
 #if defined(__linux__)
 #include <sys/mman.h>
 #endif
 
 namespace flashattn {
+namespace {
+
+// std::bad_alloc (so MemoryError in Python) that says how much was asked for.
+class HostAllocationError : public std::bad_alloc {
+public:
+    explicit HostAllocationError(size_t bytes)
+        : what_("flashattn: cannot allocate " + std::to_string(bytes) +
+                " bytes of host memory") {}
+    const char* what() const noexcept override { return what_.c_str(); }
+
+private:
+    std::string what_;
+};
+
+}  // namespace
 
 void* allocate_host(size_t bytes) {
     constexpr size_t kHugePage = size_t(2) << 20;
@@ -17,7 +33,7 @@ void* allocate_host(size_t bytes) {
     const size_t align = huge ? kHugePage : 64;
     const size_t size = std::max(align, (bytes + align - 1) / align * align);
     void* data = std::aligned_alloc(align, size);
-    if (!data) throw std::bad_alloc();
+    if (!data) throw HostAllocationError(bytes);
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     // Advice only: where huge pages are off this fails and changes nothing.
     if (huge) (void)madvise(data, size, MADV_HUGEPAGE);

@@ -55,7 +55,7 @@ FlashParams make_params(const char* fn, const TensorView& q, const TensorView& k
                      " must be a multiple of the number of kv heads Hkv=" + std::to_string(Hkv) +
                      seen);
     if (Tq > kMaxSeqLen || Tk > kMaxSeqLen || B > kMaxSeqLen || H > kMaxSeqLen)
-        fail(fn, "sizes must stay below " + std::to_string(kMaxSeqLen) + seen);
+        fail(fn, "B, Tq, Tk and H must each be at most " + std::to_string(kMaxSeqLen) + seen);
     if (opt.window_left < -1 || opt.window_right < -1)
         fail(fn, "window must be a pair of ints >= -1 (-1: unbounded), got (" +
                      std::to_string(opt.window_left) + ", " + std::to_string(opt.window_right) +
@@ -95,6 +95,19 @@ FlashParams make_forward_params(const TensorView& q, const TensorView& k, const 
     return make_params("attention", q, k, v, options);
 }
 
+void check_call_shapes(const std::string& fn, const std::vector<int64_t>& q_shape,
+                       const std::vector<int64_t>& k_shape, const std::vector<int64_t>& v_shape,
+                       const AttentionOptions& options) {
+    auto view = [](const std::vector<int64_t>& shape) {
+        TensorView t;
+        t.shape = shape;
+        t.strides.assign(shape.size(), 1);  // contiguous last axis: only shapes are judged
+        for (size_t a = shape.size(); a-- > 1;) t.strides[a - 1] = t.strides[a] * shape[a];
+        return t;
+    };
+    (void)make_params(fn.c_str(), view(q_shape), view(k_shape), view(v_shape), options);
+}
+
 FlashParams make_backward_params(const TensorView& dout, const TensorView& q, const TensorView& k,
                                  const TensorView& v, const TensorView& o, const TensorView& lse,
                                  const AttentionOptions& options) {
@@ -112,10 +125,13 @@ FlashParams make_backward_params(const TensorView& dout, const TensorView& q, co
     if (lse.shape != lse_shape)
         fail(fn, "lse must have shape (B, H, Tq) = " + shape_string(lse_shape) + ", got " +
                      shape_string(lse.shape));
+    // An empty lse is never read: its strides do not matter.
     const std::vector<int64_t> lse_strides = {int64_t(p.H) * p.Tq, p.Tq, 1};
-    for (size_t a = 0; a < 3; ++a)
-        if (lse.shape[a] > 1 && lse.strides[a] != lse_strides[a])
-            fail(fn, "lse must be C-contiguous");
+    if (lse_elements(p) > 0)
+        for (size_t a = 0; a < 3; ++a)
+            if (lse.shape[a] > 1 && lse.strides[a] != lse_strides[a])
+                fail(fn, "lse must be C-contiguous, got strides (in elements) " +
+                             shape_string(lse.strides) + " for shape " + shape_string(lse.shape));
     p.dout = strides_of(dout);
     p.o = strides_of(o);
     return p;

@@ -3,6 +3,8 @@
 // std::invalid_argument naming the argument and what was seen.
 #pragma once
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "flash_params.h"
@@ -28,6 +30,12 @@ FlashParams make_forward_params(const TensorView& q, const TensorView& k, const 
 FlashParams make_backward_params(const TensorView& dout, const TensorView& q, const TensorView& k,
                                  const TensorView& v, const TensorView& o, const TensorView& lse,
                                  const AttentionOptions& options);
+
+// The checks of make_forward_params on shapes alone, as function `fn`
+// reports them: how fa.reference gives the engines' errors.
+void check_call_shapes(const std::string& fn, const std::vector<int64_t>& q_shape,
+                       const std::vector<int64_t>& k_shape, const std::vector<int64_t>& v_shape,
+                       const AttentionOptions& options);
 
 // Element counts of the contiguous outputs.
 inline int64_t q_elements(const FlashParams& p) { return int64_t(p.B) * p.Tq * p.H * p.D; }

@@ -168,7 +168,12 @@ struct GradientEpilogue {
     }
 };
 
-// rowsum(dO * O) for every query row and head, (B, H, Tq).
+// delta = rowsum(dO * O) for every query row and head, (B, H, Tq), summed
+// exactly as the gemm sums dP = dO . v (one fma chain over d = 0..D-1 per
+// entry, simd::fma as there): in a saturated row, O is bit for bit the v of
+// its one key, and dP - delta must then be exactly 0, or dS = P (dP - delta)
+// leaves an error of ulps of dO . v that scale * k multiplies into dq and dk.
+// W rows at a time, one per lane.
 void row_deltas(const FlashParams& p, const BackwardIO& io, float* delta) {
     const int64_t heads = int64_t(p.B) * p.H;
     const int64_t rows_per_task = 256;
@@ -179,14 +184,19 @@ void row_deltas(const FlashParams& p, const BackwardIO& io, float* delta) {
         const int64_t i1 = std::min<int64_t>(i0 + rows_per_task, p.Tq);
         const float* do0 = io.dout + b * p.dout.b + h * p.dout.h;
         const float* o0 = io.o + b * p.o.b + h * p.o.h;
-        for (int64_t i = i0; i < i1; ++i) {
-            const float* a = do0 + i * p.dout.t;
-            const float* c = o0 + i * p.o.t;
-            float acc[W] = {};  // W independent sums, not one serial chain
-            for (int d = 0; d < p.D; ++d) acc[d % W] += a[d] * c[d];
-            float sum = 0.0f;
-            for (float x : acc) sum += x;
-            delta[bh * p.Tq + i] = sum;
+        for (int64_t r0 = i0; r0 < i1; r0 += W) {
+            const int n = int(std::min<int64_t>(W, i1 - r0));
+            alignas(64) float a[W] = {}, c[W] = {}, out[W];
+            vf acc{};
+            for (int d = 0; d < p.D; ++d) {
+                for (int r = 0; r < n; ++r) {
+                    a[r] = do0[(r0 + r) * p.dout.t + d];
+                    c[r] = o0[(r0 + r) * p.o.t + d];
+                }
+                acc = simd::fma(simd::load(a), simd::load(c), acc);
+            }
+            simd::store(out, acc);
+            for (int r = 0; r < n; ++r) delta[bh * p.Tq + r0 + r] = out[r];
         }
     });
 }

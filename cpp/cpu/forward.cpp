@@ -182,9 +182,10 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
 
     for (int r = 0; r < nq; ++r) {
         float* dst = o0 + (i0 + r) * p.o.t;
-        // Geometry, not l, decides: a NaN or inf makes l NaN, and that row's
-        // output must say so.
-        if (row_sees_keys(p, i0 + r)) {
+        // Geometry, and then l, decide: a NaN or +inf score makes l NaN, and
+        // that row's output must say so; l == 0 means every score it saw was
+        // -inf, so every key dropped out and it is a row that sees no key.
+        if (row_sees_keys(p, i0 + r) && l[r] != 0.0f) {
             const float inv = 1.0f / l[r];
             for (int d = 0; d < D; ++d) dst[d] = O[r * Dp + d] * inv;
             lse0[i0 + r] = m[r] + std::log(l[r]);

@@ -6,6 +6,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
@@ -18,6 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "core/interrupt.h"
+
 namespace flashattn::cpu {
 namespace {
 
@@ -26,18 +29,26 @@ struct Job {
     int64_t n = 0;
     std::atomic<int64_t> next{0};
     std::atomic<int64_t> done{0};
+    // Set when the call is interrupted: the tasks not yet started are skipped.
+    std::atomic<bool> cancelled{false};
     std::mutex m;  // guards error and the wake-up of the submitter
     std::condition_variable finished;
     std::exception_ptr error;
 
-    // Claims and runs tasks until none is left to claim.
-    void work() {
+    bool stopping() const { return cancelled.load(std::memory_order_relaxed) || all_calls_stopped(); }
+
+    // Claims and runs tasks until none is left to claim. The submitting
+    // thread (by_caller) also polls for an interrupt before each of its tasks.
+    void work(bool by_caller) {
         for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
-            try {
-                (*task)(i);
-            } catch (...) {
-                std::lock_guard<std::mutex> lk(m);
-                if (!error) error = std::current_exception();
+            if (by_caller && interrupt_requested()) cancelled.store(true);
+            if (!stopping()) {
+                try {
+                    (*task)(i);
+                } catch (...) {
+                    std::lock_guard<std::mutex> lk(m);
+                    if (!error) error = std::current_exception();
+                }
             }
             if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
                 std::lock_guard<std::mutex> lk(m);
@@ -47,15 +58,17 @@ struct Job {
     }
 };
 
+// While the submitter waits for the workers' last tasks, it still polls.
+constexpr auto kWaitSlice = std::chrono::milliseconds(10);
+
 int threads_from_environment() {
     const char* env = std::getenv("FLASHATTN_NUM_THREADS");
     if (env && *env) {
         char* end = nullptr;
         const long n = std::strtol(env, &end, 10);
-        if (*end != '\0' || n < 1 || n > 4096)
-            throw std::invalid_argument(
-                std::string("FLASHATTN_NUM_THREADS must be a positive integer, got '") + env +
-                "'");
+        if (*end != '\0' || n < 1 || n > kMaxThreads)
+            throw std::invalid_argument(std::string("FLASHATTN_NUM_THREADS must be an integer in 1..") +
+                                        std::to_string(kMaxThreads) + ", got '" + env + "'");
         return int(n);
     }
     const unsigned hw = std::thread::hardware_concurrency();
@@ -69,11 +82,26 @@ public:
 
     int threads() const { return threads_.load(); }
 
+    // Waits for the running jobs' tasks (the workers finish what they hold);
+    // when the system cannot start `threads`, goes back to the old count and
+    // throws std::runtime_error.
     void resize(int threads) {
         std::lock_guard<std::mutex> lk(resize_m_);
-        if (threads == threads_.load()) return;
+        const int old = threads_.load();
+        if (threads == old) return;
         stop();
-        start(threads);
+        try {
+            start(threads);
+        } catch (const std::runtime_error& e) {
+            int kept = old;
+            try {
+                start(old);
+            } catch (const std::runtime_error&) {
+                start(kept = 1);  // no worker to start: cannot fail
+            }
+            throw std::runtime_error(std::string("set_num_threads: ") + e.what() + "; keeping " +
+                                     std::to_string(kept) + " thread" + (kept == 1 ? "" : "s"));
+        }
     }
 
     void run(int64_t n, const std::function<void(int64_t)>& task) {
@@ -86,21 +114,34 @@ public:
             queue_.push_back(job);
             wake_.notify_all();
         }
-        job->work();
+        job->work(true);
         {
             std::unique_lock<std::mutex> lk(job->m);
-            job->finished.wait(lk, [&] { return job->done.load() == n; });
+            while (!job->finished.wait_for(lk, kWaitSlice, [&] { return job->done.load() == n; }))
+                if (interrupt_requested()) job->cancelled.store(true);
         }
         retire(job);
+        if (job->stopping()) throw Interrupted();
         if (job->error) std::rethrow_exception(job->error);
     }
 
 private:
+    // Starts threads - 1 workers, or none and throws std::runtime_error.
     void start(int threads) {
-        std::lock_guard<std::mutex> lk(m_);
-        stopping_ = false;
+        {
+            std::lock_guard<std::mutex> lk(m_);
+            stopping_ = false;
+        }
+        try {
+            for (int t = 1; t < threads; ++t) workers_.emplace_back([this] { loop(); });
+        } catch (const std::exception& e) {
+            const size_t started = workers_.size();
+            stop();
+            throw std::runtime_error("the system could not start " + std::to_string(threads) +
+                                     " threads (it stopped after " + std::to_string(started + 1) +
+                                     "): " + e.what());
+        }
         threads_.store(threads);
-        for (int t = 1; t < threads; ++t) workers_.emplace_back([this] { loop(); });
     }
 
     void stop() {
@@ -111,6 +152,7 @@ private:
         }
         for (auto& w : workers_) w.join();
         workers_.clear();
+        threads_.store(1);  // the callers alone, until start()
     }
 
     void retire(const std::shared_ptr<Job>& job) {
@@ -134,7 +176,7 @@ private:
                 continue;
             }
             lk.unlock();
-            job->work();
+            job->work(false);
             lk.lock();
         }
     }
@@ -167,7 +209,17 @@ Pool& pool() {
     std::call_once(atfork_once, [] { pthread_atfork(nullptr, nullptr, forget_pool_in_child); });
     // Never destroyed: workers must outlive every static that may still call in.
     const int requested = g_requested.load();
-    Pool* p = new Pool(requested > 0 ? requested : threads_from_environment());
+    const int threads = requested > 0 ? requested : threads_from_environment();
+    Pool* p = nullptr;
+    try {
+        p = new Pool(threads);
+    } catch (const std::runtime_error& e) {
+        const char* env = std::getenv("FLASHATTN_NUM_THREADS");
+        throw std::runtime_error(std::string("cpu engine: ") + e.what() +
+                                 (requested <= 0 && env && *env
+                                      ? std::string(" (FLASHATTN_NUM_THREADS=") + env + ")"
+                                      : std::string()));
+    }
     g_pool.store(p, std::memory_order_release);
     return *p;
 }
@@ -175,11 +227,11 @@ Pool& pool() {
 }  // namespace
 
 void set_num_threads(int n) {
-    if (n < 1)
-        throw std::invalid_argument("set_num_threads: n must be at least 1, got " +
-                                    std::to_string(n));
-    g_requested.store(n);
+    if (n < 1 || n > kMaxThreads)
+        throw std::invalid_argument("set_num_threads: n must be in 1.." +
+                                    std::to_string(kMaxThreads) + ", got " + std::to_string(n));
     pool().resize(n);
+    g_requested.store(n);  // only once it holds: a fork child rebuilds what get_num_threads says
 }
 
 int num_threads() { return pool().threads(); }

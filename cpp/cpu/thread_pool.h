@@ -6,16 +6,24 @@
 
 namespace flashattn::cpu {
 
+// The most threads set_num_threads and FLASHATTN_NUM_THREADS take.
+constexpr int kMaxThreads = 1024;
+
 // Threads a call may use, the caller included. The default is the machine's
 // hardware threads, or FLASHATTN_NUM_THREADS when set (read at first use).
-// n < 1 throws std::invalid_argument.
+// n outside 1..kMaxThreads throws std::invalid_argument. Waits for the
+// running calls' tasks; when the system cannot start n threads, throws
+// std::runtime_error and keeps the old count (num_threads() says what holds).
 void set_num_threads(int n);
 int num_threads();
 
 // Runs task(i) for every i in [0, n): on the pool's workers and on the calling
 // thread, which returns once all are done. Tasks must write disjoint memory;
 // which thread runs a task never changes what it computes. The first exception
-// a task throws is rethrown here (the remaining tasks still run).
+// a task throws is rethrown here (the remaining tasks still run). Between
+// tasks the calling thread checks interrupt_requested() (core/interrupt.h):
+// then the tasks not yet started are skipped, the started ones finish, and
+// Interrupted is thrown.
 void parallel_for(int64_t n, const std::function<void(int64_t)>& task);
 
 }  // namespace flashattn::cpu

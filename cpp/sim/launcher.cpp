@@ -14,14 +14,20 @@
 // statics.
 #include "sim/launcher.h"
 
+#include <pthread.h>
+
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <thread>
 
+#include "core/interrupt.h"
 #include "sim/runtime.h"
 
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
@@ -161,6 +167,7 @@ public:
         run_threads();
 #endif
         if (!error_.empty()) throw std::runtime_error("metal-sim: " + kernel_.name + ": " + error_);
+        if (interrupted_.load()) throw Interrupted();
     }
 
     static bool fibers_enabled() {
@@ -184,6 +191,14 @@ public:
         }
         started_.store(1, std::memory_order_release);
         started_.notify_all();
+        // The workers run the groups; this thread polls for an interrupt,
+        // which the next end_group() turns into a stop.
+        {
+            std::unique_lock<std::mutex> lock(exit_mutex_);
+            while (!all_exited_.wait_for(lock, std::chrono::milliseconds(10),
+                                         [&] { return exited_ == workers.size(); }))
+                if (interrupt_requested()) interrupted_.store(true);
+        }
         for (auto& w : workers) w.join();
     }
 
@@ -297,7 +312,8 @@ private:
             fail(group_name(g) + ": its threads did not all reach the same " +
                  (barrier_phase_failed_ ? "threadgroup_barrier" : "SIMD-group function") +
                  " (a barrier or SIMD-group call skipped by some threads, or reached after others returned)");
-        if (failed_.load()) stop_ = true;
+        if (failed_.load() || interrupted_.load() || all_calls_stopped()) stop_ = true;
+        if (all_calls_stopped()) interrupted_.store(true);
         std::lock_guard<std::mutex> lock(arrays_mutex_);
         for (const auto& a : arrays_) std::memset(a.first, 0xff, a.second);
         reset_group();
@@ -318,6 +334,10 @@ private:
     std::vector<SimdGroup> simd_;
     std::atomic<int> started_{0};
     std::atomic<bool> failed_{false};
+    std::atomic<bool> interrupted_{false};  // the call is to stop between groups
+    std::mutex exit_mutex_;  // thread mode: workers leaving the launch
+    std::condition_variable all_exited_;
+    size_t exited_ = 0;
     bool stop_ = false;  // written and read only between groups
     bool barrier_phase_failed_ = false, simd_phase_failed_ = false;  // guarded by the rendezvous
     std::mutex error_mutex_, arrays_mutex_;
@@ -349,6 +369,9 @@ void LaunchState::work(unsigned tid) {
         between_.arrive(0, [&](bool) { end_group(g); });
     }
     current = nullptr;
+    std::lock_guard<std::mutex> lock(exit_mutex_);
+    ++exited_;
+    all_exited_.notify_all();
 }
 
 #ifdef FA_SIM_FIBERS
@@ -382,6 +405,10 @@ void LaunchState::run_fibers() {
     fiber_builtins_ = builtins.data();
     FiberContext scheduler;
     for (uint64_t g = 0; g < groups_ && !stop_; ++g) {
+        if (interrupt_requested()) {
+            interrupted_.store(true);
+            break;
+        }
         fiber_group_ = g;
         for (unsigned t = 0; t < threads_; ++t) {
             Builtins& bi = builtins[t];
@@ -431,9 +458,16 @@ void wait_change(std::atomic<uint32_t>& a, uint32_t old) {
     while (a.load(std::memory_order_acquire) == old) a.wait(old, std::memory_order_acquire);
 }
 
+// One launch at a time (threadgroup arrays are statics). A child forked
+// while another thread held it would wait forever: it gets a fresh one
+// (that thread, and its launch, do not exist in the child).
+std::mutex g_launch_mutex;
+void renew_launch_mutex_in_child() { new (&g_launch_mutex) std::mutex(); }
+
 std::mutex& launch_mutex() {
-    static std::mutex m;
-    return m;
+    static const int registered = pthread_atfork(nullptr, nullptr, renew_launch_mutex_in_child);
+    (void)registered;
+    return g_launch_mutex;
 }
 
 // The kernels' program-scope function constants (registered at static
@@ -493,6 +527,7 @@ void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 
                                  " threads per threadgroup (must be 1.." +
                                  std::to_string(kMaxThreadsPerGroup) + ")");
     if (uint64_t(grid.x) * grid.y * grid.z == 0) return;
+    throw_if_interrupted();  // between the launches of a plan
     std::lock_guard<std::mutex> lock(launch_mutex());
     set_function_constants(kernel.name, constants);
     LaunchState state(kernel, buffers, grid, group);

@@ -43,7 +43,9 @@ const Kernel* find_kernel(const std::string& name);
 // what a GPU would not allow: threads of one group meeting different
 // barriers (or a barrier some thread skipped by returning), a SIMD-group
 // function not called by every lane, or more than 32 KiB of threadgroup memory.
-// `constants` are the launch's [[function_constant]] values.
+// `constants` are the launch's [[function_constant]] values. Throws
+// Interrupted (core/interrupt.h) before it starts, or between threadgroups,
+// when the call is interrupted.
 void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 grid, Dim3 group,
                 const std::vector<FunctionConstant>& constants = {});
 

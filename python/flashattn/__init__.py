@@ -9,6 +9,7 @@ ever stored: memory grows with B·H·T.
     dq, dk, dv = fa.attention_backward(do, q, k, v, o, lse, causal=True)
 """
 
+from . import _main_interpreter  # noqa: F401  first: refuses a subinterpreter (issue 12)
 from . import reference
 from ._api import (
     attention,

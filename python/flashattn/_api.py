@@ -4,11 +4,10 @@ shapes and runs the chosen engine with the GIL released."""
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 
-from . import _core
+from . import _main_interpreter  # first: refuses a subinterpreter before _core loads
+from . import _args, _core
 from .memory import _contiguous_copy
 
 __all__ = ["attention", "attention_backward", "backends", "set_num_threads", "get_num_threads"]
@@ -24,10 +23,11 @@ def backends() -> list[str]:
 
 
 def set_num_threads(n: int) -> None:
-    """Threads used by the cpu engine (default: all cores, or ``FLASHATTN_NUM_THREADS``)."""
-    if isinstance(n, bool) or not isinstance(n, numbers.Integral):
-        raise TypeError(f"set_num_threads: n must be an int, got {type(n).__name__}")
-    _core.set_num_threads(int(n))
+    """Threads used by the cpu engine, 1 to 1024 (default: all cores, or
+    ``FLASHATTN_NUM_THREADS``). Waits for running cpu calls to finish, with
+    the GIL released; raises RuntimeError, keeping the previous count, when
+    the system cannot start that many threads."""
+    _core.set_num_threads(_args.num_threads("set_num_threads", n))
 
 
 def get_num_threads() -> int:
@@ -38,11 +38,7 @@ def get_num_threads() -> int:
 def _input(fn: str, name: str, x) -> np.ndarray:
     """x as a float32 array whose last axis is contiguous: in place when it
     already is (a slice of a packed qkv array is not copied), else one copy."""
-    if not isinstance(x, np.ndarray):
-        raise TypeError(
-            f"{fn}: {name} must be a numpy.ndarray of float32, got {type(x).__name__}; "
-            f"use np.asarray({name}, dtype=np.float32)"
-        )
+    x = _args.array(fn, name, x)
     if x.dtype != np.float32:
         if x.dtype.kind == "f" and x.dtype.itemsize == 4:
             raise TypeError(
@@ -52,40 +48,14 @@ def _input(fn: str, name: str, x) -> np.ndarray:
         raise TypeError(
             f"{fn}: {name} must be float32, got {x.dtype}; convert with {name}.astype(np.float32)"
         )
+    if x.size == 0:
+        return x  # nothing is read: its strides do not matter
     in_place = (
         x.flags.aligned
         and all(s % 4 == 0 for s in x.strides)
         and (x.ndim == 0 or x.shape[-1] <= 1 or x.strides[-1] == 4)
     )
     return x if in_place else _contiguous_copy(x)
-
-
-_UNBOUNDED_SIDE = 2**62
-
-
-def _window(fn: str, window) -> tuple[int, int]:
-    try:
-        left, right = window
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"{fn}: window must be a pair of ints (left, right), -1 for unbounded; got {window!r}"
-        ) from None
-    for side in (left, right):
-        if isinstance(side, bool) or not isinstance(side, numbers.Integral):
-            raise ValueError(
-                f"{fn}: window must be a pair of ints (left, right), -1 for unbounded; "
-                f"got {window!r}"
-            )
-    # Any side past every key is unbounded; clamping keeps huge ints in int64.
-    return min(int(left), _UNBOUNDED_SIDE), min(int(right), _UNBOUNDED_SIDE)
-
-
-def _scale(fn: str, scale) -> float | None:
-    if scale is None:
-        return None
-    if isinstance(scale, bool) or not isinstance(scale, numbers.Real):
-        raise TypeError(f"{fn}: scale must be a real number or None, got {type(scale).__name__}")
-    return float(scale)
 
 
 def _backend(fn: str, backend) -> str | None:
@@ -124,8 +94,9 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, return_lse=
     """
     fn = "attention"
     q, k, v = (_input(fn, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
-    left, right = _window(fn, window)
-    o, lse = _core.forward(q, k, v, bool(causal), left, right, _scale(fn, scale),
+    causal, return_lse = _args.flag(fn, "causal", causal), _args.flag(fn, "return_lse", return_lse)
+    left, right = _args.window(fn, window)
+    o, lse = _core.forward(q, k, v, causal, left, right, _args.scale(fn, scale),
                            _backend(fn, backend))
     return (o, lse) if return_lse else o
 
@@ -147,6 +118,7 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, window=(-1, -1), sc
     do, q, k, v, o, lse = (_input(fn, name, x) for name, x in arrays.items())
     if not lse.flags.c_contiguous:
         lse = _contiguous_copy(lse)  # (B, H, Tq): O(B·H·T) at most
-    left, right = _window(fn, window)
-    return _core.backward(do, q, k, v, o, lse, bool(causal), left, right, _scale(fn, scale),
+    causal = _args.flag(fn, "causal", causal)
+    left, right = _args.window(fn, window)
+    return _core.backward(do, q, k, v, o, lse, causal, left, right, _args.scale(fn, scale),
                           _backend(fn, backend))

@@ -117,10 +117,17 @@ void test_messages() {
 
     // Sizes whose window arithmetic would overflow int32 in the kernels.
     const int64_t huge = int64_t(1) << 31;
-    CHECK_THROWS(std::invalid_argument, "sizes must stay below",
+    CHECK_THROWS(std::invalid_argument, "attention: B, Tq, Tk and H must each be at most 1073741823",
                  make_forward_params(view({1, huge, 1, 4}, {huge * 4, 4, 4, 1}), view({1, 3, 1, 4}),
                                      view({1, 3, 1, 4}), none));
-    CHECK_THROWS(std::invalid_argument, "sizes must stay below",
+    // The limit the message states is the limit: 2**30 - 1 passes, 2**30 does not.
+    const int64_t limit = (int64_t(1) << 30) - 1;
+    CHECK(make_forward_params(view({1, limit, 1, 4}, {0, 0, 0, 1}), view({1, 3, 1, 4}),
+                              view({1, 3, 1, 4}), none).Tq == limit);
+    CHECK_THROWS(std::invalid_argument, "at most 1073741823",
+                 make_forward_params(view({1, limit + 1, 1, 4}, {0, 0, 0, 1}), view({1, 3, 1, 4}),
+                                     view({1, 3, 1, 4}), none));
+    CHECK_THROWS(std::invalid_argument, "at most 1073741823",
                  make_forward_params(view({1, 3, 1, 4}), view({1, huge, 1, 4}, {0, 0, 0, 1}),
                                      view({1, huge, 1, 4}, {0, 0, 0, 1}), none));
 
@@ -156,6 +163,9 @@ void test_messages() {
                  make_backward_params(q, q, k, v, q, view({2, 4, 5}, {5, 10, 1}), none));
     CHECK_THROWS(std::invalid_argument, "attention_backward: window must be a pair of ints",
                  make_backward_params(q, q, k, v, q, lse, opts(false, 0, -3)));
+    // An empty lse (Tq = 0) is never read: any strides.
+    CHECK(make_backward_params(view({2, 0, 4, 8}), view({2, 0, 4, 8}), k, v, view({2, 0, 4, 8}),
+                               view({2, 4, 0}, {1, 2, 8}), none).Tq == 0);
     // Size-1 axes of lse may carry any stride (NumPy gives them arbitrary ones).
     CHECK(make_backward_params(view({1, 5, 1, 8}), view({1, 5, 1, 8}), view({1, 7, 1, 8}),
                                view({1, 7, 1, 8}), view({1, 5, 1, 8}), view({1, 1, 5}, {99, 77, 1}),

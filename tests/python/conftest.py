@@ -27,6 +27,11 @@ def pytest_generate_tests(metafunc):
 # and must fail (strict xfail), so an entry has to go when its bug is fixed.
 # Reproductions are in the test named; each engine's owner fixes its own.
 KNOWN_BUGS: dict = {
+    # Not run here (no Mac): the metal host waits for its command buffers
+    # without checking for an interrupt between them.
+    ("test_ctrl_c_interrupts_a_long_call", "metal"):
+        "issue 12: the metal host must call flashattn::throw_if_interrupted() between "
+        "command buffers (core/interrupt.h)",
 }
 
 

@@ -147,7 +147,9 @@ def test_backward_extra_arrays_shape_is_a_value_error(name, shape, pattern):
 
 @pytest.mark.parametrize("fn", FUNCTIONS)
 @pytest.mark.parametrize("window", [(-2, 0), (0, -5), (1,), (1, 2, 3), (1.5, 0), (0, 2.0),
-                                    ("a", "b"), None, 3, (True, 0), "ab"],
+                                    ("a", "b"), None, 3, (True, 0), "ab",
+                                    (-2**63 - 1, 0), (0, -2**100), {1, 2}, {0: 1, 1: 2},
+                                    np.array([1, 2]), (np.bool_(True), 0)],
                          ids=repr)
 def test_bad_window_is_a_value_error(fn, window):
     with pytest.raises(ValueError, match=rf"^{fn}: window "):
@@ -170,9 +172,10 @@ def test_non_finite_scale_is_a_value_error(fn, scale):
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS)
-def test_scale_beyond_float32_range_is_a_value_error(fn):
-    with pytest.raises(ValueError, match=rf"^{fn}: scale "):
-        call(fn, args_for(fn), scale=1e39)
+@pytest.mark.parametrize("scale", [1e39, -1e39, 10**400, -10**400, 2**128], ids=repr)
+def test_scale_beyond_float32_range_is_a_value_error(fn, scale):
+    with pytest.raises(ValueError, match=rf"^{fn}: scale must be finite in float32"):
+        call(fn, args_for(fn), scale=scale)
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS)
@@ -205,8 +208,8 @@ def test_non_string_backend_is_a_type_error(fn):
 
 
 def test_set_num_threads_rejects_bad_values(restore_threads):
-    for bad in (0, -3):
-        with pytest.raises(ValueError):
+    for bad in (0, -3, 1025, 2**31, 2**64):
+        with pytest.raises(ValueError, match=rf"^set_num_threads: n must be in 1\.\.1024, got {bad}$"):
             fa.set_num_threads(bad)
     for bad in (2.0, "2", None, True):
         with pytest.raises(TypeError):
@@ -258,3 +261,109 @@ def test_window_beyond_int64_is_unbounded(fn):
         got, want = [got], [want]
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+# ------------------------------------------------ options taken as they are
+
+@pytest.mark.parametrize("fn", FUNCTIONS)
+@pytest.mark.parametrize("value", ["False", "no", 0, 1, None, 1.0, np.int64(0)], ids=repr)
+def test_causal_must_be_a_bool(fn, value):
+    """bool("False") is True: a string must not switch the mask on."""
+    with pytest.raises(TypeError, match=rf"^{fn}: causal must be a bool, got "):
+        call(fn, args_for(fn), causal=value)
+
+
+@pytest.mark.parametrize("value", ["no", 0, None], ids=repr)
+def test_return_lse_must_be_a_bool(value):
+    q, k, v = _arrays()
+    with pytest.raises(TypeError, match=r"^attention: return_lse must be a bool, got "):
+        fa.attention(q, k, v, return_lse=value)
+
+
+def test_numpy_bools_are_bools():
+    q, k, v = _arrays()
+    o, lse = fa.attention(q, k, v, causal=np.bool_(True), return_lse=np.bool_(True))
+    np.testing.assert_array_equal(o, fa.attention(q, k, v, causal=True))
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS)
+def test_masked_array_is_a_type_error(fn):
+    """Its mask would be ignored: the engines see only the data."""
+    args = args_for(fn)
+    args["k"] = np.ma.masked_array(args["k"], mask=args["k"] > 1)
+    with pytest.raises(TypeError, match=rf"^{fn}: k is a masked array; its mask would be ignored"):
+        call(fn, args)
+
+
+def test_numpy_scalar_as_q_is_a_type_error_that_says_so():
+    _, k, v = _arrays()
+    with pytest.raises(TypeError, match=r"^attention: q must be a 4-d numpy.ndarray of float32, "
+                                        r"got a NumPy scalar \(float32\)"):
+        fa.attention(np.float32(1.0), k, v)
+
+
+def test_empty_lse_with_any_strides_is_accepted(backend):
+    """Tq = 0: lse (B, H, 0) holds nothing, so its strides cannot matter."""
+    q, k, v = _arrays(Tq=0)
+    o, lse = fa.attention(q, k, v, return_lse=True, backend=backend)
+    # Sliced from a non-empty array, an empty one keeps that array's strides.
+    odd = np.empty((4, 4, 3), np.float32)[::2, :, :0]
+    assert odd.shape == lse.shape and odd.strides == (96, 12, 4)
+    dq, dk, dv = fa.attention_backward(np.ones_like(q), q, k, v, o, odd, backend=backend)
+    assert dq.shape == q.shape and np.all(dk == 0) and np.all(dv == 0)
+
+
+def test_output_allocation_failure_says_what_and_how_large():
+    """o of (2**20, 2**30 - 1, 1024, 1) float32 is about 2**62 bytes: no system has
+    that. The inputs broadcast one element, so they cost nothing."""
+    q = np.broadcast_to(np.float32(0), (2**20, 2**30 - 1, 1024, 1))
+    k = np.zeros((2**20, 1, 1, 1), np.float32)
+    nbytes = 4 * 2**20 * (2**30 - 1) * 1024
+    want = (f"attention: cannot allocate the output o of shape (1048576, 1073741823, 1024, 1) "
+            f"float32 ({nbytes} bytes) for the cpu engine")
+    with pytest.raises(MemoryError, match=f"^{re.escape(want)}$"):
+        fa.attention(q, k, k, backend="cpu")
+
+
+# --------------------------------------- the reference takes arguments alike
+
+def _error_of(f):
+    try:
+        f()
+    except Exception as e:  # noqa: BLE001 -- the exception itself is compared
+        return type(e), str(e)
+    return None
+
+
+@pytest.mark.parametrize("opts", [
+    dict(window=(-5, -5)), dict(window=(0, -2)), dict(window={1, 2}), dict(causal="yes"),
+    dict(scale=float("nan")), dict(scale=10**400), dict(scale="1"),
+], ids=repr)
+def test_reference_rejects_options_as_the_engines_do(opts):
+    q, k, v = _arrays()
+    want = _error_of(lambda: fa.attention(q, k, v, **opts))
+    assert want is not None
+    assert _error_of(lambda: fa.reference.attention(q, k, v, **opts)) == want
+    back = _error_of(lambda: fa.attention_backward(q, q, k, v, q, np.zeros((2, 4, 5), np.float32),
+                                                   **opts))
+    assert _error_of(lambda: fa.reference.attention_backward(q, q, k, v, **opts)) == back
+
+
+@pytest.mark.parametrize("what,qs,ks,vs,pattern", [
+    pytest.param(*e, id=e[0]) for e in SHAPE_ERRORS])
+def test_reference_rejects_shapes_as_the_engines_do(what, qs, ks, vs, pattern):
+    q, k, v = (np.zeros(s, np.float32) for s in (qs, ks, vs))
+    want = _error_of(lambda: fa.attention(q, k, v))
+    assert want is not None and want[0] is ValueError
+    assert _error_of(lambda: fa.reference.attention(q, k, v)) == want
+
+
+def test_reference_treats_huge_windows_as_unbounded():
+    q, k, v = _arrays()
+    for window in [(2**70, 0), (0, 2**70), (10**30, 10**30)]:
+        bounded = tuple(-1 if side > 2**62 else side for side in window)
+        np.testing.assert_array_equal(fa.reference.attention(q, k, v, window=window),
+                                      fa.reference.attention(q, k, v, window=bounded))
+        np.testing.assert_array_equal(
+            fa.reference.visible_keys(5, 7, window=window),
+            fa.reference.visible_keys(5, 7, window=bounded))

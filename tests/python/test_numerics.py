@@ -261,3 +261,117 @@ def test_rows_that_see_no_key(backend, case):
     dq, dk, dv = check_backward(backend, case, q, k, v, do)
     assert all(np.isfinite(g).all() for g in (dq, dk, dv))
     assert np.all(dq[:, empty_rows] == 0)
+
+
+# ------------------------------------------- saturated softmax, backward
+
+@pytest.mark.parametrize("D", [96, 256])
+def test_saturated_softmax_rows_have_zero_gradient(backend, D):
+    """q, k ~ 30 N(0, 1), scale 30: scores differ by ~1e4 within a row, so
+    every row is one-hot to float precision and dq, dk are exactly 0 in
+    float32 (the float64 reference gives ~1e-63). dS = P (dP - delta) is
+    0 only if delta = rowsum(dO * O) and dP = dO . v of the chosen key come
+    out bit for bit equal: the same products summed in the same order."""
+    rng = np.random.default_rng(40)
+    B, T, H = 1, 48, 2
+    q = (30 * rng.standard_normal((B, T, H, D))).astype(np.float32)
+    k = (30 * rng.standard_normal((B, T, H, D))).astype(np.float32)
+    v = rng.standard_normal((B, T, H, D)).astype(np.float32)
+    do = rng.standard_normal((B, T, H, D)).astype(np.float32)
+    dq64, dk64, dv64 = fa.reference.attention_backward(do, q, k, v, scale=30.0)
+    o, lse = fa.attention(q, k, v, scale=30.0, return_lse=True, backend=backend)
+    dq, dk, dv = fa.attention_backward(do, q, k, v, o, lse, scale=30.0, backend=backend)
+    for name, got, ref in (("dq", dq, dq64), ("dk", dk, dk64)):
+        zero = np.abs(ref) < 1e-30  # exactly 0 in float32
+        assert zero.mean() > 0.9, f"{name}: premise: most rows saturated"
+        worst = np.abs(got[zero]).max()
+        assert worst <= 1e-30, f"max |{name}| = {worst:.3e} where the exact gradient is 0"
+        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6, err_msg=name)
+    np.testing.assert_allclose(dv, dv64, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------- scores near float32's max
+
+def test_scores_near_float32_max_are_exact(backend):
+    """D * max|scale q| * max|k| = 256 * (3e18 / 16) * 3e18 = 1.44e38 < 3.4e38:
+    inside the promise, so the answer is finite and right. q . k alone is
+    2.3e39 (it overflows float32): the scale must be applied to q first."""
+    rng = np.random.default_rng(41)
+    B, T, H, D = 1, 9, 1, 256
+    constant = np.full((B, T, H, D), 3e18, np.float32)
+    for layout, q, k in [
+        ("q = k = 3e18", constant, constant),
+        ("uniform in +-3e18", *(np.float32(3e18) * rng.uniform(-1, 1, (2, B, T, H, D)))
+                                .astype(np.float32)),
+    ]:
+        v = rng.standard_normal((B, T, H, D)).astype(np.float32)
+        do = rng.standard_normal((B, T, H, D)).astype(np.float32)
+        o, lse = fa.attention(q, k, v, causal=True, return_lse=True, backend=backend)
+        o64, lse64 = fa.reference.attention(q, k, v, causal=True, return_lse=True)
+        assert np.isfinite(o).all() and np.isfinite(lse).all(), layout
+        np.testing.assert_allclose(o, o64, rtol=1e-5, atol=1e-5, err_msg=layout)
+        np.testing.assert_allclose(lse, lse64, rtol=1e-5, err_msg=layout)
+        grads = fa.attention_backward(do, q, k, v, o, lse, causal=True, backend=backend)
+        for name, g in zip(("dq", "dk", "dv"), grads):
+            assert np.isfinite(g).all(), f"{layout}: {name} is not finite"
+
+
+def test_huge_scale_is_exact_for_small_inputs(backend):
+    """scale = 3e38 is finite in float32 and accepted; with |q|, |k| ~ 1e-20
+    the scores are ordinary and the answer is the reference's."""
+    case = Case(1, 11, 13, 2, 1, 16)
+    q, k, v, _ = inputs(case, seed=42)
+    q, k = q * np.float32(1e-20), k * np.float32(1e-19)
+    o, lse = fa.attention(q, k, v, scale=3e38, return_lse=True, backend=backend)
+    o64, lse64 = fa.reference.attention(q, k, v, scale=3e38, return_lse=True)
+    np.testing.assert_allclose(o, o64, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(lse, lse64, rtol=1e-4, atol=1e-5)
+
+
+def test_scores_that_overflow_give_nan_rows_on_every_engine(backend):
+    """Past the bound (q = k = 1e20: each product is 1e40 / sqrt(D)) every
+    score is +inf, and by the inf rule the whole row is NaN, o and lse, on
+    every engine alike. Rows of another head, in range, are untouched."""
+    case = Case(1, 6, 7, 2, 2, 8)
+    q, k, v, _ = inputs(case, seed=43)
+    q[:, :, 0] = 1e20
+    k[:, :, 0] = 1e20
+    o, lse = fa.attention(q, k, v, return_lse=True, backend=backend)
+    assert np.isnan(o[:, :, 0]).all() and np.isnan(lse[:, 0]).all()
+    o64, lse64 = fa.reference.attention(q[:, :, 1:], k[:, :, 1:], v[:, :, 1:], return_lse=True)
+    np.testing.assert_allclose(o[:, :, 1:], o64, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(lse[:, 1:], lse64, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------- rows whose every score is -inf
+
+def test_row_whose_every_score_is_minus_inf_sees_no_key(backend):
+    """q[b, i, h, d] = -inf facing k[..., d] > 0 for every key: every score
+    of the row is -inf, every key drops out, and the row is one that sees no
+    key: o = 0, lse = -inf, dq = 0, nothing added to dv. dk of the keys it
+    sees multiply its zero dS by q[..., d] = -inf: column d there is IEEE's
+    (NaN); the rest of dk is the clean answer."""
+    case = Case(1, 10, 12, 2, 1, 16, causal=True)
+    q, k, v, do = inputs(case, seed=44)
+    b, i, h, d = 0, 6, 1, 3
+    k[..., d] = np.abs(k[..., d]) + 0.1
+    q_inf = q.copy()
+    q_inf[b, i, h, d] = -np.inf
+    o, lse = fa.attention(q_inf, k, v, return_lse=True, backend=backend, **case.opts())
+    assert np.all(o[b, i, h] == 0), f"o of the row: {o[b, i, h]}"
+    assert np.isneginf(lse[b, h, i])
+    touched = _row_mask_o(case, [(b, i, h)])
+    o64, lse64, o32, lse32 = _reference(q, k, v, **case.opts())
+    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR)
+
+    dq, dk, dv = fa.attention_backward(do, q_inf, k, v, o, lse, backend=backend, **case.opts())
+    assert np.all(dq[b, i, h] == 0), f"dq of the row: {dq[b, i, h]}"
+    do_clean = do.copy()
+    do_clean[b, i, h] = 0
+    *_, g64, g32 = _reference(q, k, v, do_clean, **case.opts())
+    seen = fa.reference.visible_keys(case.Tq, case.Tk, **case.opts())[i]
+    dk_touched = np.zeros(k.shape, bool)
+    dk_touched[b, seen, h // (case.H // case.Hkv), d] = True
+    clean_of = {"dq": ~touched, "dk": ~dk_touched, "dv": np.ones(v.shape, bool)}
+    for name, got, ref, base in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, g32):
+        _assert_rows(backend, name, got, ref, base, clean_of[name], GRADIENT_FACTOR)
