@@ -65,6 +65,7 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
     const int LD = FA_LD(HD);
     FA_TG_ARRAY(float, Ks, FA_STAGE(HD) * FA_LD(HD));
     FA_TG_ARRAY(float, Vs, FA_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(int, Flags, FA_SIMDGROUPS);
 
     const int DC = FA_DQ_DCHUNK(HD);
     const uint3 pos = fa_group_position(grid_pos, p);
@@ -106,12 +107,15 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
     for (int j0 = group_begin; j0 < group_end; j0 += BK) {
         const int n = min(BK, group_end - j0);
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        fa_stage<HD, FA_STAGE(HD)>(Ks, k_head + fa_long(j0) * p.k.t, p.k.t, n, p.D, 1.0f, tid);
+        fa_post_nonfinite(Flags, fa_stage<HD, FA_STAGE(HD)>(Ks, k_head + fa_long(j0) * p.k.t, p.k.t,
+                                                            n, p.D, 1.0f, tid), sg, lane);
         fa_stage<HD, FA_STAGE(HD)>(Vs, v_head + fa_long(j0) * p.v.t, p.v.t, n, p.D, 1.0f, tid);
         threadgroup_barrier(mem_flags::mem_threadgroup);
 
         const FaTile tile = fa_classify(row_begin, row_end, j0, BK);
         if (tile == fa_tile_skip) continue;
+        // A NaN or inf in K must not reach the dq of rows that do not see its key.
+        const bool exact = tile == fa_tile_masked && fa_any_nonfinite(Flags);
 
         // S = Q K^T and dP = dout V^T, then dS = P (dP - delta) in S's place.
         fa_frag S[BK / 8], dP[BK / 8];
@@ -136,6 +140,10 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
             }
         }
         // dQ += dS K, on this threadgroup's columns.
+        if (exact) {
+            fa_masked_accumulate(dQ, S, Ks + c0, LD, at, j0, row_begin, row_end);
+            continue;
+        }
         FA_UNROLL
         for (int d8 = 0; d8 < DC / 8; ++d8) {
             FA_UNROLL
@@ -161,7 +169,7 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
 // FA_DKDV_DCHUNK(HD)) of D (grid.y = Hkv * HD / FA_DKDV_DCHUNK(HD)), summed
 // over the query heads of the group and the query rows that see each key.
 // Q blocks (scaled by `scale`, as the forward scales Q, so S^T holds the
-// forward's scores bit for bit) and dout blocks of FA_STAGE(HD) rows are
+// forward's scores bit for bit) and dout blocks of FA_DKDV_STAGE(HD) rows are
 // staged with their lse and delta.
 template <int HD>
 kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
@@ -177,13 +185,14 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
                            uint tid [[thread_index_in_threadgroup]],
                            uint lane [[thread_index_in_simdgroup]],
                            uint sg [[simdgroup_index_in_threadgroup]]) {
-    const int BQ = FA_STAGE(HD);
+    const int BQ = FA_DKDV_STAGE(HD);
     const int LD = FA_LD(HD);
     const int DC = FA_DKDV_DCHUNK(HD);
-    FA_TG_ARRAY(float, Qs, FA_STAGE(HD) * FA_LD(HD));
-    FA_TG_ARRAY(float, Gs, FA_STAGE(HD) * FA_LD(HD));
-    FA_TG_ARRAY(float, Ls, FA_STAGE(HD));
-    FA_TG_ARRAY(float, Ds, FA_STAGE(HD));
+    FA_TG_ARRAY(float, Qs, FA_DKDV_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(float, Gs, FA_DKDV_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(float, Ls, FA_DKDV_STAGE(HD));
+    FA_TG_ARRAY(float, Ds, FA_DKDV_STAGE(HD));
+    FA_TG_ARRAY(int, Flags, FA_SIMDGROUPS);
 
     const uint3 pos = fa_group_position(grid_pos, p);
     const int chunks = HD / DC;
@@ -224,8 +233,11 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
         for (int i0 = group_begin; i0 < group_end; i0 += BQ) {
             const int n = min(BQ, group_end - i0);
             threadgroup_barrier(mem_flags::mem_threadgroup);
-            fa_stage<HD, FA_STAGE(HD)>(Qs, q_head + fa_long(i0) * p.q.t, p.q.t, n, p.D, p.scale, tid);
-            fa_stage<HD, FA_STAGE(HD)>(Gs, g_head + fa_long(i0) * p.dout.t, p.dout.t, n, p.D, 1.0f, tid);
+            const bool q_bad = fa_stage<HD, FA_DKDV_STAGE(HD)>(Qs, q_head + fa_long(i0) * p.q.t,
+                                                               p.q.t, n, p.D, p.scale, tid);
+            const bool g_bad = fa_stage<HD, FA_DKDV_STAGE(HD)>(Gs, g_head + fa_long(i0) * p.dout.t,
+                                                               p.dout.t, n, p.D, 1.0f, tid);
+            fa_post_nonfinite(Flags, q_bad || g_bad, sg, lane);
             for (int r = int(tid); r < BQ; r += FA_THREADS) {
                 Ls[r] = r < n ? fa_row_lse(lse[stat0 + i0 + r]) : INFINITY;
                 Ds[r] = r < n ? delta[stat0 + i0 + r] : 0.0f;
@@ -234,6 +246,8 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
 
             const FaTile tile = fa_classify(col_begin, col_end, i0, BQ);
             if (tile == fa_tile_skip) continue;
+            // A NaN or inf in q or dout must not reach keys its row does not see.
+            const bool exact = tile == fa_tile_masked && fa_any_nonfinite(Flags);
 
             // S^T = K Q^T and dP^T = V dout^T, then P^T and dS^T in their place.
             fa_frag St[BQ / 8], dPt[BQ / 8];
@@ -260,6 +274,11 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
                 }
             }
             // dV += P^T dout and dK += dS^T (scale q), on this threadgroup's columns.
+            if (exact) {
+                fa_masked_accumulate(dV, St, Gs + c0, LD, at, i0, col_begin, col_end);
+                fa_masked_accumulate(dK, dPt, Qs + c0, LD, at, i0, col_begin, col_end);
+                continue;
+            }
             FA_UNROLL
             for (int d8 = 0; d8 < DC / 8; ++d8) {
                 FA_UNROLL

@@ -91,11 +91,12 @@ FA_INLINE float4 fa_load4(device const float* p) {
 // Copies `rows` rows of HD columns (the first D of each from `src`, rows
 // `pitch` elements apart, times `scale`; zeros past D and past `rows`) into
 // a staged tile of STAGE rows of pitch FA_LD(HD). All threads of the group
-// take part.
+// take part. Returns whether this thread staged a NaN or an inf.
 template <int HD, int STAGE>
-FA_INLINE void fa_stage(threadgroup float* tile, device const float* src, fa_long pitch, int rows,
+FA_INLINE bool fa_stage(threadgroup float* tile, device const float* src, fa_long pitch, int rows,
                         int D, float scale, uint tid) {
     const int quads = HD / 4;
+    bool nonfinite = false;
     for (int e = int(tid); e < STAGE * quads; e += FA_THREADS) {
         const int r = e / quads;
         const int c = (e - r * quads) * 4;
@@ -109,10 +110,64 @@ FA_INLINE void fa_stage(threadgroup float* tile, device const float* src, fa_lon
             }
         }
         threadgroup float* dst = tile + r * FA_LD(HD) + c;
-        dst[0] = x[0] * scale;
-        dst[1] = x[1] * scale;
-        dst[2] = x[2] * scale;
-        dst[3] = x[3] * scale;
+        for (int i = 0; i < 4; ++i) {
+            dst[i] = x[i] * scale;
+            nonfinite = nonfinite || !isfinite(dst[i]);
+        }
+    }
+    return nonfinite;
+}
+
+// Whether any thread of the group staged a NaN or an inf: each SIMD group
+// posts its answer before the barrier that ends the staging, and everyone
+// reads all of them after it (`flags` holds one int per SIMD group).
+FA_INLINE void fa_post_nonfinite(threadgroup int* flags, bool mine, uint sg, uint lane) {
+    const int any = simd_max(mine ? 1 : 0);
+    if (lane == 0) flags[sg] = any;
+}
+FA_INLINE bool fa_any_nonfinite(threadgroup const int* flags) {
+    int any = 0;
+    for (int s = 0; s < FA_SIMDGROUPS; ++s) any |= flags[s];
+    return any != 0;
+}
+
+// The lane holding element (row, col) of a fragment, col even (the inverse
+// of fa_lane: lane bits 4, 2, 1 are the row's, bits 3 and 0 the column's).
+FA_INLINE ushort fa_lane_of(int row, int col) {
+    return ushort(((row >> 2) << 4) | ((col >> 2) << 3) | (((row >> 1) & 1) << 2) |
+                  ((row & 1) << 1) | ((col >> 1) & 1));
+}
+
+// acc += A B over only the columns k of A (k_first + k as a key or query)
+// that the lane's row sees, [begin, end): the exact path for a masked tile
+// whose B holds a NaN or an inf, where a matrix multiply would give the
+// rows that do not see it 0 * inf = NaN. A is K8 fragments of 8 x 8 (an
+// element at a time, gathered by shuffles), acc N8 fragments of output
+// columns, B the staged rows k at pitch ld from the output's first column.
+// Slow, and only taken for such tiles.
+template <int K8, int N8>
+FA_INLINE void fa_masked_accumulate(thread fa_frag (&acc)[N8], const thread fa_frag (&A)[K8],
+                                    threadgroup const float* B, int ld, FaLane at, int k_first,
+                                    int begin, int end) {
+    for (int k = 0; k < K8 * 8; ++k) {
+        // Every lane shuffles (uniform control flow); the value is the
+        // lane's row's element k of A.
+        // (no run-time index into a fragment: that would put it in memory)
+        const ushort src = fa_lane_of(at.row, k & 6);
+        float a = 0.0f;
+        FA_UNROLL
+        for (int k8 = 0; k8 < K8; ++k8) {
+            const float x0 = simd_shuffle(A[k8].thread_elements()[0], src);
+            const float x1 = simd_shuffle(A[k8].thread_elements()[1], src);
+            if (k8 == k / 8) a = (k & 1) ? x1 : x0;
+        }
+        if (k_first + k < begin || k_first + k >= end) continue;
+        threadgroup const float* b = B + k * ld + at.col;
+        FA_UNROLL
+        for (int n8 = 0; n8 < N8; ++n8) {
+            acc[n8].thread_elements()[0] = fma(a, b[n8 * 8], acc[n8].thread_elements()[0]);
+            acc[n8].thread_elements()[1] = fma(a, b[n8 * 8 + 1], acc[n8].thread_elements()[1]);
+        }
     }
 }
 

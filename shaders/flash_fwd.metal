@@ -49,6 +49,7 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
     const int LD = FA_LD(HD);
     FA_TG_ARRAY(float, Ks, FA_STAGE(HD) * FA_LD(HD));
     FA_TG_ARRAY(float, Vs, FA_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(int, Flags, FA_SIMDGROUPS);
 
     const int DC = FA_FWD_DCHUNK(HD);
     const uint3 pos = fa_group_position(grid_pos, p);
@@ -95,10 +96,13 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
         // Nobody may still be reading the previous block.
         threadgroup_barrier(mem_flags::mem_threadgroup);
         fa_stage<HD, FA_STAGE(HD)>(Ks, k_head + fa_long(j0) * p.k.t, p.k.t, n, p.D, 1.0f, tid);
-        fa_stage<HD, FA_STAGE(HD)>(Vs, v_head + fa_long(j0) * p.v.t, p.v.t, n, p.D, 1.0f, tid);
+        fa_post_nonfinite(Flags, fa_stage<HD, FA_STAGE(HD)>(Vs, v_head + fa_long(j0) * p.v.t, p.v.t,
+                                                            n, p.D, 1.0f, tid), sg, lane);
         threadgroup_barrier(mem_flags::mem_threadgroup);
 
         const FaTile tile = fa_classify(row_begin, row_end, j0, BK);
+        // A NaN or inf in V must not reach the rows that do not see its key.
+        const bool exact = tile == fa_tile_masked && fa_any_nonfinite(Flags);
         if (tile == fa_tile_skip) continue;
 
         // S = Q K^T: K^T's fragment (d8, k8) is the transposed load of Ks.
@@ -147,6 +151,13 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
         for (int d8 = 0; d8 < DC / 8; ++d8) {
             O[d8].thread_elements()[0] *= factor;
             O[d8].thread_elements()[1] *= factor;
+        }
+        if (exact) {
+            fa_masked_accumulate(O, S, Vs + c0, LD, at, j0, row_begin, row_end);
+            continue;
+        }
+        FA_UNROLL
+        for (int d8 = 0; d8 < DC / 8; ++d8) {
             FA_UNROLL
             for (int k8 = 0; k8 < BK / 8; ++k8) {
                 fa_frag vf;

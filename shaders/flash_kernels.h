@@ -33,6 +33,10 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // the forward and dQ kernels, queries in the dK/dV kernel. Two staged tiles
 // of FA_STAGE(HD) x FA_LD(HD) floats: 9.0, 17.0, 12.5, 16.5, 16.3 KiB.
 #define FA_STAGE(HD) ((HD) <= 64 ? 32 : ((HD) <= 128 ? 16 : 8))
+// The dK/dV kernel stages fewer query rows from hd64 on (its scores S^T and
+// dP^T, FA_DKDV_STAGE/4 registers each, live beside dK and dV): 9.3, 8.8,
+// 12.9, 17.0, 16.7 KiB with the lse and delta rows.
+#define FA_DKDV_STAGE(HD) ((HD) <= 32 ? 32 : FA_STAGE(HD) < 16 ? FA_STAGE(HD) : 16)
 // Row pitch of a staged tile: 4 floats (16 bytes) of padding, as MLX's
 // steel kernels pad, so the rows of a transposed 8x8 load fall in different
 // banks.

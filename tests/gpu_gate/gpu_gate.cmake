@@ -11,7 +11,7 @@
 #    bfloat fragments and every SIMD function; one in scratch; one
 #    over 128 VGPRs), so the gate is known to be able to fail and to pass.
 # Not in sanitizer builds: it compiles for GPUs, the sanitizers change nothing.
-option(FLASHATTN_GPU_GATE_STRICT "Require every Metal kernel to pass the GPU resource gate" OFF)
+option(FLASHATTN_GPU_GATE_STRICT "Require every Metal kernel to pass the GPU resource gate" ON)
 if(NOT FLASHATTN_SANITIZE)
   set(_gate_dir ${PROJECT_SOURCE_DIR}/tests/gpu_gate)
   # clang 19 with the AMDGPU and NVPTX back ends: Debian's clang-19, or
