@@ -9,6 +9,7 @@ import numbers
 import numpy as np
 
 from . import _core
+from ._arrays import host_array
 from .memory import _contiguous_copy
 
 __all__ = ["attention", "attention_backward", "backends", "set_num_threads", "get_num_threads"]
@@ -37,12 +38,9 @@ def get_num_threads() -> int:
 
 def _input(fn: str, name: str, x) -> np.ndarray:
     """x as a float32 array whose last axis is contiguous: in place when it
-    already is (a slice of a packed qkv array is not copied), else one copy."""
-    if not isinstance(x, np.ndarray):
-        raise TypeError(
-            f"{fn}: {name} must be a numpy.ndarray of float32, got {type(x).__name__}; "
-            f"use np.asarray({name}, dtype=np.float32)"
-        )
+    already is (a slice of a packed qkv array is not copied), else one copy.
+    Arrays of other libraries in host memory are viewed as NumPy arrays first."""
+    x = host_array(fn, name, x)  # torch, JAX, MLX, DLPack, buffers: viewed, not copied
     if x.dtype != np.float32:
         if x.dtype.kind == "f" and x.dtype.itemsize == 4:
             raise TypeError(
