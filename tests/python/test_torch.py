@@ -108,6 +108,8 @@ def test_torch_compile_traces_without_graph_breaks():
         assert torch.equal(g, e)
 
 
+# Inductor's own start-up calls torch.jit APIs that warn about their deprecation.
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 def test_torch_compile_with_inductor_matches_eager():
     (_, _, _, _), (tq, tk, tv), tdo = _torch_inputs((2, 40, 4, 2, 16, True), "bhtd")
 
