@@ -162,7 +162,7 @@ xla_ffi::Error* guarded(CallFrame* frame, const char* fn, Body body) {
 
 // args: q, k, v; rets: o, lse.
 xla_ffi::Error* forward_handler(CallFrame* frame) {
-    return guarded(frame, "flashattn.jax attention", [&] {
+    return guarded(frame, "flashattn.jax", [&] {
         const std::vector<int64_t> lead = leading_axes(buffer(frame, false, 0, "q"));
         const TensorView q = view_of(buffer(frame, false, 0, "q"), "q", 3, lead);
         const TensorView k = view_of(buffer(frame, false, 1, "k"), "k", 3, lead);
@@ -180,7 +180,7 @@ xla_ffi::Error* forward_handler(CallFrame* frame) {
 
 // args: do, q, k, v, o, lse; rets: dq, dk, dv.
 xla_ffi::Error* backward_handler(CallFrame* frame) {
-    return guarded(frame, "flashattn.jax attention backward", [&] {
+    return guarded(frame, "flashattn.jax (backward)", [&] {
         const std::vector<int64_t> lead = leading_axes(buffer(frame, false, 1, "q"));
         const TensorView dout = view_of(buffer(frame, false, 0, "do"), "do", 3, lead);
         const TensorView q = view_of(buffer(frame, false, 1, "q"), "q", 3, lead);

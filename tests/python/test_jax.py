@@ -121,3 +121,10 @@ def test_errors_name_the_argument():
         faj.attention(jnp.zeros((1, 4, 3, 8), jnp.float32), q, q)
     with pytest.raises(ValueError, match=r"^flashattn.jax.attention: window"):
         faj.attention(q, q, q, window=(1,))
+
+
+def test_the_cores_shape_errors_reach_the_caller_from_the_jitted_call():
+    q = jnp.zeros((1, 4, 2, 300), jnp.float32)
+    with pytest.raises(RuntimeError, match=r"INVALID_ARGUMENT: flashattn.jax: attention: head "
+                                           r"size D must be in 1..256, got 300"):
+        jax.block_until_ready(faj.attention(q, q, q))
