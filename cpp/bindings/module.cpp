@@ -20,7 +20,7 @@
 #include "cpu/thread_pool.h"
 
 namespace flashattn {
-void bind_xla_handlers(nanobind::module_& m);  // cpp/bindings/xla_handlers.cpp (flashattn.jax)
+void bind_xla_handlers(nanobind::module_& m);  // cpp/bindings/xla_bindings.cpp (flashattn.jax)
 }
 
 #ifdef FLASHATTN_HAVE_METAL

@@ -1,14 +1,12 @@
 // XLA FFI handlers for flashattn.jax: forward and backward on the cpu engine,
 // called by XLA's CPU runtime from a jitted program with no Python (and no
-// GIL) involved. They are exported from flashattn._core as capsules that
-// jax.ffi.register_ffi_target takes.
+// GIL) involved. xla_bindings.cpp exports them from flashattn._core as
+// capsules that jax.ffi.register_ffi_target takes.
 //
 // Buffers arrive row-major and dense. Leading axes beyond the four of the
 // layout (added by jax.vmap's "broadcast_all" rule) are folded into B, so
 // q is (..., Tq, H, D), k and v (..., Tk, Hkv, D), lse (..., H, Tq).
 // Attributes: causal (bool), window_left, window_right (int), scale (float).
-#include <nanobind/nanobind.h>
-
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -18,12 +16,10 @@
 #include <string_view>
 #include <vector>
 
-#include "bindings/xla_ffi_abi.h"
+#include "bindings/xla_handlers.h"
 #include "core/engine.h"
 #include "core/params.h"
 #include "core/registry.h"
-
-namespace nb = nanobind;
 
 namespace flashattn {
 namespace {
@@ -160,8 +156,10 @@ xla_ffi::Error* guarded(CallFrame* frame, const char* fn, Body body) {
     }
 }
 
+}  // namespace
+
 // args: q, k, v; rets: o, lse.
-xla_ffi::Error* forward_handler(CallFrame* frame) {
+xla_ffi::Error* xla_attention_forward(xla_ffi::CallFrame* frame) {
     return guarded(frame, "flashattn.jax", [&] {
         const std::vector<int64_t> lead = leading_axes(buffer(frame, false, 0, "q"));
         const TensorView q = view_of(buffer(frame, false, 0, "q"), "q", 3, lead);
@@ -179,7 +177,7 @@ xla_ffi::Error* forward_handler(CallFrame* frame) {
 }
 
 // args: do, q, k, v, o, lse; rets: dq, dk, dv.
-xla_ffi::Error* backward_handler(CallFrame* frame) {
+xla_ffi::Error* xla_attention_backward(xla_ffi::CallFrame* frame) {
     return guarded(frame, "flashattn.jax (backward)", [&] {
         const std::vector<int64_t> lead = leading_axes(buffer(frame, false, 1, "q"));
         const TensorView dout = view_of(buffer(frame, false, 0, "do"), "do", 3, lead);
@@ -199,19 +197,6 @@ xla_ffi::Error* backward_handler(CallFrame* frame) {
                      {dout.data, q.data, k.data, v.data, o.data, lse.data,
                       const_cast<float*>(dq.data), const_cast<float*>(dk.data),
                       const_cast<float*>(dv.data)});
-    });
-}
-
-}  // namespace
-
-// flashattn._core._xla_forward / _xla_backward: capsules holding the handler
-// addresses, for jax.ffi.register_ffi_target(name, capsule, platform="cpu").
-void bind_xla_handlers(nb::module_& m) {
-    m.def("_xla_forward", [] {
-        return nb::capsule(reinterpret_cast<void*>(&forward_handler));
-    });
-    m.def("_xla_backward", [] {
-        return nb::capsule(reinterpret_cast<void*>(&backward_handler));
     });
 }
 
