@@ -185,6 +185,20 @@ def test_cpu_inputs_are_read_in_place():
     assert arrays.host_array("f", "q", view).ctypes.data == view.data_ptr()
 
 
+def test_the_gil_is_released_while_the_engine_runs(restore_threads):
+    import flashattn as fa
+    from test_concurrency import _main_thread_ticks_inside
+
+    fa.set_num_threads(1)  # leave a core for this thread
+    (_, _, _, _), (tq, tk, tv), tdo = _torch_inputs((1, 1024, 4, 4, 64, False), "bhtd")
+    o = fat.attention(tq, tk, tv, layout="bhtd")
+    ticks, d = _main_thread_ticks_inside(lambda: fat.attention(tq, tk, tv, layout="bhtd"))
+    assert ticks > 0, f"forward ({d * 1e3:.0f} ms) held the GIL"
+    ticks, d = _main_thread_ticks_inside(lambda: torch.autograd.grad(o, (tq, tk, tv), tdo,
+                                                                     retain_graph=True))
+    assert ticks > 0, f"backward ({d * 1e3:.0f} ms) held the GIL"
+
+
 def test_errors_name_the_argument():
     q = torch.randn(1, 4, 2, 8)
     with pytest.raises(TypeError, match=r"^flashattn.torch.attention: k must be float32"):
