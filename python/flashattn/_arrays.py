@@ -35,9 +35,9 @@ def _not_an_array_error(fn: str, name: str, x) -> TypeError:
     )
 
 
-def _from_dlpack(fn: str, name: str, x) -> np.ndarray | None:
-    """x viewed through DLPack, or None when its memory is not host-readable
-    through that route (the caller then tries the buffer protocol)."""
+def _from_dlpack(fn: str, name: str, x) -> tuple[np.ndarray | None, str]:
+    """x viewed through DLPack, or (None, why) when NumPy cannot view it that
+    way (the caller then tries the buffer protocol)."""
     try:
         device_type = int(x.__dlpack_device__()[0])
     except (AttributeError, TypeError, ValueError, IndexError):
@@ -48,11 +48,11 @@ def _from_dlpack(fn: str, name: str, x) -> np.ndarray | None:
             f"{device_type}); move it to the host first, e.g. {name}.cpu()"
         )
     try:
-        return np.from_dlpack(x)
-    except (BufferError, TypeError, RuntimeError, ValueError):
+        return np.from_dlpack(x), ""
+    except (BufferError, TypeError, RuntimeError, ValueError) as e:
         # NumPy reads only kDLCPU capsules; unified memory (Metal) and dtypes
         # NumPy has no DLPack code for (bfloat16) come back here.
-        return None
+        return None, str(e)
 
 
 def host_array(fn: str, name: str, x) -> np.ndarray:
@@ -65,8 +65,9 @@ def host_array(fn: str, name: str, x) -> np.ndarray:
         return x
     if type(x).__module__.split(".")[0] == "torch" and getattr(x, "requires_grad", False):
         raise _requires_grad_error(fn, name)
+    why = ""
     if hasattr(x, "__dlpack__"):
-        a = _from_dlpack(fn, name, x)
+        a, why = _from_dlpack(fn, name, x)
         if a is not None:
             return a
     has_buffer = hasattr(x, "__array_interface__")
@@ -82,8 +83,9 @@ def host_array(fn: str, name: str, x) -> np.ndarray:
             return np.asarray(x)
         except (TypeError, ValueError, BufferError):
             pass
-    dtype = getattr(x, "dtype", None)
-    if dtype is not None and hasattr(x, "__dlpack__"):
-        # An array NumPy cannot view in this dtype (bfloat16 through DLPack).
-        raise TypeError(f"{fn}: {name} must be float32, got {dtype}; convert it to float32")
+    if why:
+        raise TypeError(
+            f"{fn}: {name} ({type(x).__name__} of {getattr(x, 'dtype', '?')}) cannot be read "
+            f"in place through DLPack ({why}); pass a float32 array in host memory"
+        )
     raise _not_an_array_error(fn, name, x)
