@@ -121,6 +121,8 @@ def _attention(torch, name: str, calls: list):
 # ------------------------------------------------------------------ one run
 
 def _rss_mib() -> float:
+    """This process's peak resident memory (host memory only: on MPS the
+    device's allocations are not in it)."""
     kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux, bytes on macOS
     return kib / (1024 * 1024) if sys.platform == "darwin" else kib / 1024
 
@@ -143,10 +145,10 @@ def _worker(args) -> dict:
 
     text = TEXT.read_text(encoding="utf-8")
     chars = sorted(set(text))
-    data = np.frombuffer(bytes(chars.index(c) for c in text), dtype=np.uint8) \
-        if len(chars) < 256 else None
-    if data is None:
-        raise SystemExit("train: the text has more than 255 distinct characters")
+    if len(chars) > 256:
+        raise SystemExit("train: the text has more than 256 distinct characters")
+    index = {c: i for i, c in enumerate(chars)}
+    data = np.array([index[c] for c in text], dtype=np.uint8)
     if len(data) <= args.seq + 1:
         raise SystemExit(f"train: --seq {args.seq} is longer than the text ({len(data)} chars)")
     device = torch.device(args.device)
