@@ -26,6 +26,10 @@
 #include "cpu/peak.h"
 #include "cpu/thread_pool.h"
 
+namespace flashattn {
+void bind_xla_handlers(nanobind::module_& m);  // cpp/bindings/xla_bindings.cpp (flashattn.jax)
+}
+
 #ifdef FLASHATTN_HAVE_METAL
 namespace flashattn {
 void bind_metal(nanobind::module_& m);  // cpp/bindings/metal_bindings.cpp
@@ -263,6 +267,7 @@ NB_MODULE(_core, m) {
     // For the benchmark (python -m flashattn bench): GFLOP/s of FMA chains.
     m.def("_cpu_fma_peak", &cpu::measure_fma_peak, nb::arg("seconds"), nb::arg("threads"),
           nb::call_guard<nb::gil_scoped_release>());
+    bind_xla_handlers(m);
 #ifdef FLASHATTN_HAVE_METAL
     bind_metal(m);
 #endif

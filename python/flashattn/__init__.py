@@ -7,6 +7,9 @@ ever stored: memory grows with B·H·T.
     import flashattn as fa
     o, lse = fa.attention(q, k, v, causal=True, return_lse=True)
     dq, dk, dv = fa.attention_backward(do, q, k, v, o, lse, causal=True)
+
+Differentiable wrappers, each imported only when asked for (this package
+imports no framework): flashattn.torch, flashattn.jax, flashattn.mlx.
 """
 
 from . import _main_interpreter  # noqa: F401  first: refuses a subinterpreter (issue 12)

@@ -1,6 +1,7 @@
 """Command line: `python -m flashattn` reports on this machine's engines
 (correctness, time and memory against plain NumPy); `python -m flashattn
-bench` compares the cpu engine with PyTorch."""
+bench` compares the cpu engine with PyTorch; `python -m flashattn train` trains
+a small transformer with flashattn's attention and with torch SDPA."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ def main(argv: list[str] | None = None) -> int:
         from . import _bench
 
         return _bench.main(argv[1:])
+    if argv and argv[0] == "train":  # issue 17: the training example (flashattn/_train.py)
+        from . import _train
+
+        return _train.main(argv[1:])
     from . import _report
 
     return _report.main(argv)

@@ -8,6 +8,7 @@ import numpy as np
 
 from . import _main_interpreter  # first: refuses a subinterpreter before _core loads
 from . import _args, _core
+from ._arrays import host_array
 from .memory import _contiguous_copy
 
 __all__ = ["attention", "attention_backward", "backends", "set_num_threads", "get_num_threads"]
@@ -37,8 +38,11 @@ def get_num_threads() -> int:
 
 def _input(fn: str, name: str, x) -> np.ndarray:
     """x as a float32 array whose last axis is contiguous: in place when it
-    already is (a slice of a packed qkv array is not copied), else one copy."""
-    x = _args.array(fn, name, x)
+    already is (a slice of a packed qkv array is not copied), else one copy.
+    Arrays of other libraries in host memory are viewed as NumPy arrays first."""
+    if isinstance(x, (np.ndarray, np.generic)):
+        x = _args.array(fn, name, x)  # masked arrays and NumPy scalars are refused
+    x = host_array(fn, name, x)  # torch, JAX, MLX, DLPack, buffers: viewed, not copied
     if x.dtype != np.float32:
         if x.dtype.kind == "f" and x.dtype.itemsize == 4:
             raise TypeError(
