@@ -77,6 +77,10 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
         const int chunk = (p.Tk + p.kv_splits - 1) / p.kv_splits;
         group_begin = max(group_begin, split * chunk);
         group_end = min(group_end, (split + 1) * chunk);
+        // Each row sees only this chunk's keys (the tile classification
+        // then masks the zero rows staged past its end).
+        row_begin = max(row_begin, group_begin);
+        row_end = min(row_end, group_end);
     }
 
     FaRowFragments<HD, FA_FWD_Q_IN_REGISTERS(HD)> Q;

@@ -261,6 +261,7 @@ int main(int argc, char** argv) {
         {2, 40, 33, 2, 1, 77, true, 9, -1, false},     // hd96, Tq > Tk, window: masked rows
         {1, 100, 67, 4, 2, 111, false, -1, -1, true},  // hd128, GQA, Tq > Tk
         {1, 33, 47, 2, 1, 256, true, -1, -1, false},   // hd256
+        {1, 1, 700, 8, 2, 64, false, -1, -1, false},   // decode: split keys, then the merge
     };
     const std::vector<Case> full = {
         {1, 128, 128, 2, 2, 64, false, -1, -1, false},
@@ -291,7 +292,7 @@ int main(int argc, char** argv) {
             for (const Launch& l : plan.launches) launched.insert(l.kernel);
     }
     std::printf("%zu kernels launched by these cases\n", launched.size());
-    CHECK(launched.size() == 1 + 5 * 3);  // preprocess + 5 buckets x (fwd, dq, dkdv)
+    CHECK(launched.size() == 2 + 5 * 3);  // preprocess, merge + 5 buckets x (fwd, dq, dkdv)
 
     uint32_t seed = 1234;
     for (const Case& c : cases) run_case(*engine, c, seed++, &c == &cases.front());
