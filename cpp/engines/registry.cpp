@@ -11,11 +11,9 @@
 #include "engines/engine_set.h"
 #include "engines/factories.h"
 
-// Why this build has no metal engine (set by CMake: not macOS, FLASHATTN_METAL=OFF,
-// or no Metal compiler found at configure time).
-#ifndef FLASHATTN_NO_METAL_REASON
-#define FLASHATTN_NO_METAL_REASON "this build has no metal engine"
-#endif
+// FLASHATTN_NO_METAL_REASON: why this build has no metal engine (not macOS,
+// FLASHATTN_METAL=OFF, or no working Metal compiler at configure time).
+#include "engines_build.h"
 
 namespace flashattn {
 
