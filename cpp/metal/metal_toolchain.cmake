@@ -1,7 +1,7 @@
 # Decides whether this build has the metal engine (FLASHATTN_METAL=AUTO|ON|OFF)
 # and probes Apple's Metal compiler at configure time:
 #   - sets FLASHATTN_WITH_METAL (ON/OFF) and, when OFF, FLASHATTN_NO_METAL_REASON
-#     (compiled into the registry: fa's import warning-free reason, `python -m flashattn`);
+#     (compiled into the registry: the reason fa and `python -m flashattn` give);
 #   - sets FLASHATTN_METAL_PROBED_FLAGS: -fmetal-math-mode=safe and
 #     -fmetal-math-fp32-functions=precise where this compiler accepts them.
 # AUTO (the default) leaves metal out, with a warning saying why, when the
