@@ -48,6 +48,8 @@ nb::dict stats_dict(const metal::MetalEngine& engine) {
     d["reuses"] = p.reuses;
     d["evictions"] = p.evictions;
     d["inputs_in_place"] = t.inputs_in_place;
+    d["inputs_no_copy"] = t.inputs_no_copy;
+    d["inputs_no_copy_bytes"] = t.inputs_no_copy_bytes;
     d["input_copies"] = t.input_copies;
     d["input_copy_bytes"] = t.input_copy_bytes;
     d["outputs_in_place"] = t.outputs_in_place;

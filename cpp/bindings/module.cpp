@@ -251,6 +251,13 @@ void check_call(const std::string& fn, const std::vector<int64_t>& q_shape,
 NB_MODULE(_core, m) {
     m.doc() = "flashattn's compiled core; use the flashattn package, not this module.";
     m.def("backends", &available_engines, "Engines usable on this machine, best first.");
+    // Engines left out here, with why (python/flashattn/_engines.py; issue 11).
+    m.def("_engines_missing", [] {
+        nb::list out;
+        for (const MissingEngine& e : missing_engines())
+            out.append(nb::make_tuple(e.name, e.reason, e.failed));
+        return out;
+    });
     m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal"),
           nb::arg("window_left"), nb::arg("window_right"), nb::arg("scale").none(),
           nb::arg("backend").none());

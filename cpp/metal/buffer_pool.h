@@ -8,6 +8,8 @@
 //   using Handle = ...;                      // copyable; false when empty
 //   Handle allocate(size_t bytes);           // an empty Handle on failure
 //   void* contents(const Handle&);           // CPU address of the buffer
+//   Handle wrap(void* page, size_t bytes);   // host memory (page aligned, whole pages)
+//                                            // bound in place, no copy; empty if not possible
 // and memory is released by dropping the last Handle (as ARC does for an
 // id<MTLBuffer>, or a shared_ptr in the tests).
 #pragma once
@@ -125,6 +127,21 @@ public:
         const size_t size = it->second.size;
         if (a - base >= size || bytes > size - (a - base)) return std::nullopt;
         return Location{it->second.handle, size_t(a - base)};
+    }
+
+    // Host memory [p, p + bytes) outside the pool, bound in place by the
+    // backend over the whole pages it touches (Metal's newBufferWithBytesNoCopy
+    // needs a page-aligned pointer and length): the handle and p's offset in
+    // it, or nullopt when the backend cannot. Not pool memory: not counted,
+    // never cached; it lives as long as the returned handle.
+    std::optional<Location> wrap(const void* p, size_t bytes) const {
+        const uintptr_t a = address(p);
+        const uintptr_t start = a / page_ * page_;
+        if (bytes > SIZE_MAX - page_ - (a - start)) return std::nullopt;
+        const size_t length = (a - start + bytes + page_ - 1) / page_ * page_;
+        Handle handle = backend_.wrap(reinterpret_cast<void*>(start), length);
+        if (!handle) return std::nullopt;
+        return Location{handle, size_t(a - start)};
     }
 
     PoolStats stats() const {

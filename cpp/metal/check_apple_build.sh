@@ -4,8 +4,14 @@
 # stand-in `xcrun` that records the Metal compiler commands instead of running
 # them), builds every static library including flashattn_metal (.mm files as
 # Objective-C++ with ARC), and checks that
-#   - each shaders/*.metal is compiled with -fno-fast-math and the same
-#     minimum macOS as the extension, and linked into one flashattn.metallib;
+#   - each shaders/*.metal is compiled with -fno-fast-math, the safe-math
+#     flags the configure-time probe found, and the same minimum macOS as the
+#     extension, and linked into one flashattn.metallib;
+#   - FLASHATTN_METAL: with a Metal compiler that rejects the safe-math flags
+#     they are left out; with no working Metal compiler (Command Line Tools
+#     only, or Xcode 26 without its Metal Toolchain) AUTO builds the cpu and
+#     metal-sim engines and says why metal was left out, ON fails, OFF never
+#     probes;
 #   - a change to a shared shader header recompiles every shader;
 #   - every Metal/Foundation symbol flashattn_metal needs is exported by the
 #     SDK's Metal.tbd / Foundation.tbd (a link-time check without a linker).
@@ -26,11 +32,17 @@ for tool in clang++-16 llvm-ar-16 llvm-ranlib-16 llvm-nm-16 llvm-install-name-to
 done
 
 work=$(mktemp -d /tmp/flashattn-apple-build.XXXXXX)
-trap 'rm -rf "$work"' EXIT
+[ -n "${KEEP_WORK:-}" ] || trap 'rm -rf "$work"' EXIT
 mkdir -p "$work/bin"
+# XCRUN_MODE: full (accepts everything), old (a Metal compiler without the
+# -fmetal-math-* flags), none (Xcode 26 without its Metal Toolchain).
 cat > "$work/bin/xcrun" <<EOF
 #!/usr/bin/env bash
 echo "xcrun \$*" >> "$work/xcrun.log"
+case "\${XCRUN_MODE:-full}" in
+  none) echo "error: cannot execute tool 'metal' due to missing Metal Toolchain; use: xcodebuild -downloadComponent MetalToolchain" >&2; exit 72 ;;
+  old) case " \$* " in *" -fmetal-math-"*) echo "metal: error: unknown argument: '\$*'" >&2; exit 1 ;; esac ;;
+esac
 out=""; prev=""
 for a in "\$@"; do [ "\$prev" = "-o" ] && out="\$a"; prev="\$a"; done
 [ -z "\$out" ] || echo "stand-in output of: xcrun \$*" > "\$out"
@@ -67,12 +79,13 @@ log="$work/xcrun.log"
 for shader in "$repo"/shaders/*.metal; do
   line=$(grep -F -- "-c $shader " "$log" || true)
   [ -n "$line" ] || { fail "$(basename "$shader") was not compiled"; continue; }
-  for flag in -fno-fast-math -mmacosx-version-min=14.0 -Wall -Wextra; do
+  for flag in -fno-fast-math -fmetal-math-mode=safe -fmetal-math-fp32-functions=precise \
+              -mmacosx-version-min=14.0 -Wall -Wextra; do
     case " $line " in *" $flag "*) ;; *) fail "$(basename "$shader") compiled without $flag";; esac
   done
 done
 grep -q "metallib .* -o $build/cpp/metal/flashattn.metallib" "$log" || fail "no flashattn.metallib link step"
-echo "ok: $(grep -c ' metal ' "$log") shader(s) compiled, linked into flashattn.metallib"
+echo "ok: $(grep -c -- "-c $repo/shaders/" "$log") shader(s) compiled (safe-math flags probed and used), linked into flashattn.metallib"
 
 : > "$log"
 touch "$repo/shaders/flash_params.h"
@@ -96,5 +109,60 @@ while read -r sym; do
   fi
 done < <(llvm-nm-16 -u "$build/cpp/metal/libflashattn_metal.a" | grep -E '^_(OBJC_CLASS_\$_)?(MTL|NS)' | sort -u)
 [ $missing -eq 0 ] && echo "ok: every MTL*/NS* symbol of flashattn_metal is exported by the SDK's Metal/Foundation .tbd"
+
+# configure_case NAME FLASHATTN_METAL XCRUN_MODE: configures a fresh build dir,
+# leaving its output in $work/NAME.out and its status in $?.
+configure_case() {
+  local name=$1 choice=$2 mode=$3
+  before=$status
+  : > "$log"
+  XCRUN_MODE=$mode cmake -S "$repo" -B "$work/$name" -G Ninja \
+    -DCMAKE_TOOLCHAIN_FILE="$work/toolchain.cmake" -DFLASHATTN_METAL="$choice" \
+    -DFLASHATTN_NATIVE=OFF -DFLASHATTN_BUILD_PYTHON=OFF -DFLASHATTN_BUILD_TESTS=OFF \
+    > "$work/$name.out" 2>&1
+}
+
+echo "== a Metal compiler without the safe-math flags"
+if configure_case old AUTO old; then
+  XCRUN_MODE=old cmake --build "$work/old" --target flashattn_metallib >/dev/null
+  line=$(grep -F -- "-c $repo/shaders/" "$log" | head -1)
+  case " $line " in *" -fno-fast-math "*) ;; *) fail "old compiler: -fno-fast-math missing";; esac
+  case " $line " in *" -fmetal-math-"*) fail "old compiler: rejected flag passed: $line";; *) ;; esac
+  [ $status -eq $before ] && echo "ok: flags it rejects are left out, -fno-fast-math kept"
+else
+  fail "old compiler: configure failed: $(tail -5 "$work/old.out")"
+fi
+
+echo "== no working Metal compiler (Xcode 26 without the Metal Toolchain), FLASHATTN_METAL=AUTO"
+if configure_case none AUTO none; then
+  grep -q "missing Metal Toolchain" "$work/none.out" || fail "AUTO: the warning does not say why"
+  grep -q "^FLASHATTN_WITH_METAL" "$work/none/CMakeCache.txt" && fail "FLASHATTN_WITH_METAL leaked into the cache"
+  XCRUN_MODE=none cmake --build "$work/none" -j 2 --target flashattn_engines >/dev/null \
+    || fail "AUTO without a Metal compiler: flashattn_engines did not build"
+  [ -e "$work/none/cpp/metal" ] && fail "AUTO without a Metal compiler still configured cpp/metal"
+  grep -q "FLASHATTN_NO_METAL_REASON .*missing Metal Toolchain" "$work/none/cpp/engines/generated/engines_build.h" \
+    || fail "the registry is not told why metal is missing"
+  [ $status -eq $before ] && echo "ok: cpu and metal-sim build; the warning and the registry say why: $(grep -o "cannot execute tool[^)]*" "$work/none.out" | head -1)"
+else
+  fail "AUTO without a Metal compiler: configure failed: $(tail -5 "$work/none.out")"
+fi
+
+echo "== no working Metal compiler, FLASHATTN_METAL=ON"
+if configure_case none-on ON none; then
+  fail "ON without a Metal compiler configured anyway"
+else
+  grep -q "FLASHATTN_METAL=ON" "$work/none-on.out" && echo "ok: ON fails loudly" \
+    || fail "ON failed without saying why"
+fi
+
+echo "== FLASHATTN_METAL=OFF"
+if configure_case off OFF full; then
+  grep -q " metal " "$log" && fail "OFF still ran the Metal compiler"
+  grep -q "FLASHATTN_NO_METAL_REASON .*FLASHATTN_METAL=OFF" "$work/off/cpp/engines/generated/engines_build.h" \
+    || fail "OFF: the registry is not told why"
+  [ $status -eq $before ] && echo "ok: OFF never probes"
+else
+  fail "OFF: configure failed"
+fi
 [ $status -eq 0 ] && echo "check_apple_build.sh: all checks passed"
 exit $status

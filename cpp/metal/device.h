@@ -8,7 +8,9 @@
 
 #import <Metal/Metal.h>
 
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <shared_mutex>
 #include <string>
 #include <unordered_map>
@@ -33,15 +35,32 @@ struct MetalBackend {
         return [device newBufferWithLength:bytes options:MTLResourceStorageModeShared];
     }
     void* contents(const Handle& buffer) const { return buffer.contents; }
+
+    // Host memory bound in place (staging.h's no-copy path): `page` and `bytes`
+    // are page aligned (BufferPool::wrap). No deallocator: the array belongs
+    // to the caller, who keeps it alive for the call; the kernels only read it.
+    Handle wrap(void* page, size_t bytes) const {
+        if (bytes == 0 || bytes > device.maxBufferLength) return nil;
+        return [device newBufferWithBytesNoCopy:page
+                                         length:bytes
+                                        options:MTLResourceStorageModeShared
+                                    deallocator:nil];
+    }
 };
 
 using Pool = BufferPool<MetalBackend>;
 using Call = CallBuffers<Pool>;
 
+// Runs f inside an autorelease pool (Objective-C called from Python threads,
+// which have none) and rethrows its exception after the pool has drained.
+void with_autorelease_pool(const std::function<void()>& f);
+
 class Device {
 public:
     // nullptr when this machine has no Metal device; throws std::runtime_error
-    // (naming every path tried) when the metallib cannot be loaded.
+    // when the metallib cannot be loaded (naming every path tried) or the
+    // device cannot run the kernels (naming its GPU family: they need Apple7
+    // or later, for simdgroup matrices; a paravirtual runner GPU is Apple5).
     static std::unique_ptr<Device> create_default();
 
     id<MTLDevice> device() const { return device_; }
@@ -51,16 +70,23 @@ public:
     id<MTLComputePipelineState> pipeline(const std::string& kernel,
                                          const std::vector<FunctionConstant>& constants = {});
 
-    // Encodes every launch of the plan with the call's buffers, commits,
-    // waits, and throws std::runtime_error with Metal's message on failure.
+    // Encodes the plan as command buffers of bounded work (core/chunks.h: each
+    // launch's grid in pieces, each piece with its origin in a params copy),
+    // commits them in order, waits, and throws std::runtime_error with the
+    // MTLCommandBufferError code, the device's message and the failing
+    // kernel piece. After a failure the command queue is recreated.
     void execute(const Plan& plan, const Call& call);
 
 private:
     Device(id<MTLDevice> device, id<MTLCommandQueue> queue, id<MTLLibrary> library)
         : device_(device), queue_(queue), library_(library) {}
 
+    id<MTLCommandQueue> queue();
+    void replace_queue(id<MTLCommandQueue> failed);
+
     id<MTLDevice> device_;
-    id<MTLCommandQueue> queue_;
+    std::mutex queue_mu_;
+    id<MTLCommandQueue> queue_;  // replaced after a command buffer fails
     id<MTLLibrary> library_;
     std::shared_mutex pipelines_mu_;
     std::unordered_map<std::string, id<MTLComputePipelineState>> pipelines_;

@@ -1,11 +1,16 @@
 // The Metal device object: finds the device and the metallib built with the
-// extension, caches compute pipelines, and executes a Plan (encode every
-// launch, commit, wait, check). Every nil, NSError and command-buffer status
-// becomes a std::runtime_error carrying Metal's own message.
+// extension, checks the device can run the kernels, caches compute pipelines,
+// and executes a Plan as command buffers of bounded work (core/chunks.h).
+// Every nil, NSError and command-buffer status becomes a std::runtime_error
+// carrying Metal's own message and error code.
 #import <Foundation/Foundation.h>
 #import <Metal/Metal.h>
 
 #include "metal/device.h"
+
+#include "core/chunks.h"
+#include "core/interrupt.h"
+#include "metal/pipeline_key.h"
 
 #include <dlfcn.h>
 
@@ -56,14 +61,69 @@ id<MTLLibrary> load_library(id<MTLDevice> device) {
         "beside it; set FLASHATTN_METALLIB to its path to override). Tried:" + tried);
 }
 
-std::string pipeline_key(const std::string& kernel, const std::vector<FunctionConstant>& constants) {
-    std::string key = kernel;
-    for (const FunctionConstant& c : constants) {
-        // Exact bits: two different floats never share a pipeline.
-        key += "|" + std::to_string(c.index) + ":" + std::to_string(int(c.type)) + "=" +
-               std::to_string(c.bits);
+// The highest Apple GPU family the device supports ("Apple7" for M1), or
+// "not an Apple GPU family (Mac2 only)".
+std::string gpu_family(id<MTLDevice> device) {
+    const struct {
+        MTLGPUFamily family;
+        const char* name;
+    } families[] = {
+        {MTLGPUFamilyApple9, "Apple9"}, {MTLGPUFamilyApple8, "Apple8"},
+        {MTLGPUFamilyApple7, "Apple7"}, {MTLGPUFamilyApple6, "Apple6"},
+        {MTLGPUFamilyApple5, "Apple5"}, {MTLGPUFamilyApple4, "Apple4"},
+        {MTLGPUFamilyApple3, "Apple3"}, {MTLGPUFamilyApple2, "Apple2"},
+        {MTLGPUFamilyApple1, "Apple1"},
+    };
+    for (const auto& f : families)
+        if ([device supportsFamily:f.family]) return f.name;
+    return "not an Apple GPU family";
+}
+
+const char* command_buffer_error_name(NSInteger code) {
+    switch (code) {
+        case MTLCommandBufferErrorNone: return "MTLCommandBufferErrorNone";
+        case MTLCommandBufferErrorInternal: return "MTLCommandBufferErrorInternal";
+        case MTLCommandBufferErrorTimeout: return "MTLCommandBufferErrorTimeout";
+        case MTLCommandBufferErrorPageFault: return "MTLCommandBufferErrorPageFault";
+        case MTLCommandBufferErrorAccessRevoked: return "MTLCommandBufferErrorAccessRevoked";
+        case MTLCommandBufferErrorNotPermitted: return "MTLCommandBufferErrorNotPermitted";
+        case MTLCommandBufferErrorOutOfMemory: return "MTLCommandBufferErrorOutOfMemory";
+        case MTLCommandBufferErrorInvalidResource: return "MTLCommandBufferErrorInvalidResource";
+        case MTLCommandBufferErrorMemoryless: return "MTLCommandBufferErrorMemoryless";
+        case MTLCommandBufferErrorDeviceRemoved: return "MTLCommandBufferErrorDeviceRemoved";
+        case MTLCommandBufferErrorStackOverflow: return "MTLCommandBufferErrorStackOverflow";
+        default: return "MTLCommandBufferError (unknown code)";
     }
-    return key;
+}
+
+const char* encoder_state_name(MTLCommandEncoderErrorState state) {
+    switch (state) {
+        case MTLCommandEncoderErrorStateUnknown: return "unknown";
+        case MTLCommandEncoderErrorStateCompleted: return "completed";
+        case MTLCommandEncoderErrorStateAffected: return "affected";
+        case MTLCommandEncoderErrorStatePending: return "pending";
+        case MTLCommandEncoderErrorStateFaulted: return "faulted";
+    }
+    return "?";
+}
+
+// "MTLCommandBufferErrorTimeout (code 2): <the device's message>; encoders: <label> faulted, ..."
+std::string describe_command_buffer_error(id<MTLCommandBuffer> commands) {
+    NSError* error = commands.error;
+    if (!error) return "status " + std::to_string(long(commands.status)) + ", no error information";
+    std::string text = std::string(command_buffer_error_name(error.code)) + " (code " +
+                       std::to_string(long(error.code)) + "): " + describe(error);
+    NSArray* infos = error.userInfo[MTLCommandBufferEncoderInfoErrorKey];
+    if ([infos isKindOfClass:[NSArray class]] && infos.count > 0) {
+        text += "; encoders:";
+        for (id<MTLCommandBufferEncoderInfo> info in infos)
+            text += std::string(" ") + (info.label ? info.label.UTF8String : "?") + " " +
+                    encoder_state_name(info.errorState);
+    }
+    if (error.code == MTLCommandBufferErrorTimeout)
+        text += ". The GPU watchdog stopped it: set FLASHATTN_MAX_GROUPS_PER_PIECE to a smaller "
+                "number of threadgroups per piece";
+    return text;
 }
 
 MTLSize size_of(const Dim3& d) { return MTLSizeMake(d.x, d.y, d.z); }
@@ -85,6 +145,13 @@ std::unique_ptr<Device> Device::create_default() {
     @autoreleasepool {
         id<MTLDevice> device = MTLCreateSystemDefaultDevice();
         if (!device) return nullptr;
+        // simdgroup_matrix needs Apple7 (M1, A14) or later. GitHub's hosted
+        // arm64 runners expose a paravirtual Apple5 GPU without it.
+        if (![device supportsFamily:MTLGPUFamilyApple7])
+            throw std::runtime_error("metal: the GPU '" + std::string(device.name.UTF8String) +
+                                     "' is GPU family " + gpu_family(device) +
+                                     "; the kernels need Apple7 or later (simdgroup matrices: "
+                                     "M1 and newer)");
         id<MTLCommandQueue> queue = [device newCommandQueue];
         if (!queue) throw std::runtime_error("metal: could not create a command queue on " +
                                              std::string(device.name.UTF8String));
@@ -93,7 +160,37 @@ std::unique_ptr<Device> Device::create_default() {
     }
 }
 
-std::string Device::name() const { return std::string(device_.name.UTF8String); }
+std::string Device::name() const {
+    @autoreleasepool {
+        return std::string(device_.name.UTF8String);
+    }
+}
+
+void with_autorelease_pool(const std::function<void()>& f) {
+    std::exception_ptr failure;
+    @autoreleasepool {
+        try {
+            f();
+        } catch (...) {
+            failure = std::current_exception();
+        }
+    }
+    if (failure) std::rethrow_exception(failure);
+}
+
+id<MTLCommandQueue> Device::queue() {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    return queue_;
+}
+
+// A queue whose command buffer failed may ignore later work: start a new one
+// (once, if several calls saw the same failure).
+void Device::replace_queue(id<MTLCommandQueue> failed) {
+    std::lock_guard<std::mutex> lock(queue_mu_);
+    if (queue_ != failed) return;
+    id<MTLCommandQueue> fresh = [device_ newCommandQueue];
+    if (fresh) queue_ = fresh;
+}
 
 id<MTLComputePipelineState> Device::pipeline(const std::string& kernel,
                                              const std::vector<FunctionConstant>& constants) {
@@ -148,12 +245,9 @@ id<MTLComputePipelineState> Device::pipeline(const std::string& kernel,
 void Device::execute(const Plan& plan, const Call& call) {
     // Resolve and check everything before encoding, so that no error leaves an
     // encoder open (the validation layer treats that as fatal).
-    struct Step {
-        const Launch* launch;
-        id<MTLComputePipelineState> pipeline;
-    };
-    std::vector<Step> steps;
-    for (const Launch& launch : plan.launches) {
+    std::vector<id<MTLComputePipelineState>> pipelines(plan.launches.size(), nil);
+    for (size_t i = 0; i < plan.launches.size(); ++i) {
+        const Launch& launch = plan.launches[i];
         if (uint64_t(launch.grid.x) * launch.grid.y * launch.grid.z == 0) continue;  // no work
         id<MTLComputePipelineState> state = pipeline(launch.kernel, launch.constants);
         const uint64_t threads =
@@ -167,53 +261,83 @@ void Device::execute(const Plan& plan, const Call& call) {
             if (slot != Slot::params && !call.binding(slot).bound)
                 throw std::runtime_error("metal: kernel '" + launch.kernel + "' binds '" +
                                          slot_name(slot) + "', which this call has no buffer for");
-        steps.push_back({&launch, state});
+        pipelines[i] = state;
     }
-    if (steps.empty()) return;
+    const Schedule schedule = schedule_plan(plan, work_model_from_env());
+    if (schedule.pieces.empty()) return;
 
-    std::exception_ptr failure;  // thrown after the autorelease pool has drained
-    @autoreleasepool {
+    auto piece_name = [&](const Piece& piece) {
+        return plan.launches[piece.launch].kernel + " at (" + std::to_string(piece.origin.x) +
+               "," + std::to_string(piece.origin.y) + "," + std::to_string(piece.origin.z) +
+               ") x (" + std::to_string(piece.grid.x) + "," + std::to_string(piece.grid.y) +
+               "," + std::to_string(piece.grid.z) + ")";
+    };
+
+    id<MTLCommandQueue> queue = this->queue();
+    with_autorelease_pool([&] {
+        std::vector<id<MTLCommandBuffer>> committed;
+        // Never leave with work in flight: it reads the call's buffers,
+        // including host arrays bound without a copy.
+        auto wait_all = [&] {
+            for (id<MTLCommandBuffer> c : committed) [c waitUntilCompleted];
+        };
+        const size_t n_buffers = schedule.command_buffers.size();
         try {
+        for (size_t b = 0; b < n_buffers; ++b) {
+            // Two command buffers in flight keep the GPU fed; waiting for the
+            // older one before the next gives Ctrl-C (core/interrupt.h) a
+            // chance between buffers instead of after the whole call.
+            if (b >= 2) [committed[b - 2] waitUntilCompleted];
+            throw_if_interrupted();
             MTLCommandBufferDescriptor* descriptor = [[MTLCommandBufferDescriptor alloc] init];
             descriptor.errorOptions = MTLCommandBufferErrorOptionEncoderExecutionStatus;
-            id<MTLCommandBuffer> commands = [queue_ commandBufferWithDescriptor:descriptor];
+            id<MTLCommandBuffer> commands = [queue commandBufferWithDescriptor:descriptor];
             if (!commands) throw std::runtime_error("metal: could not create a command buffer");
             id<MTLComputeCommandEncoder> encoder = [commands computeCommandEncoder];
             if (!encoder) throw std::runtime_error("metal: could not create a compute encoder");
-            for (const Step& step : steps) {
-                const Launch& launch = *step.launch;
-                [encoder setComputePipelineState:step.pipeline];
+            encoder.label = [NSString stringWithUTF8String:piece_name(schedule.pieces[schedule.command_buffers[b]]).c_str()];
+            for (size_t i = schedule.command_buffers[b]; i < schedule.end_of_buffer(b); ++i) {
+                const Piece& piece = schedule.pieces[i];
+                const Launch& launch = plan.launches[piece.launch];
+                // The piece's origin, added by the kernels to their threadgroup position.
+                const FlashParams params = params_for_piece(plan.params, piece);
+                [encoder setComputePipelineState:pipelines[piece.launch]];
                 for (size_t index = 0; index < launch.buffers.size(); ++index) {
                     const Slot slot = launch.buffers[index];
                     if (slot == Slot::params) {
-                        [encoder setBytes:&plan.params length:sizeof(FlashParams) atIndex:index];
+                        [encoder setBytes:&params length:sizeof(FlashParams) atIndex:index];
                     } else {
-                        const Call::Binding& b = call.binding(slot);
-                        [encoder setBuffer:b.handle offset:b.offset atIndex:index];
+                        const Call::Binding& bound = call.binding(slot);
+                        [encoder setBuffer:bound.handle offset:bound.offset atIndex:index];
                     }
                 }
                 // Serial dispatch (the default encoder): each launch sees the
-                // previous one's writes.
-                [encoder dispatchThreadgroups:size_of(launch.grid)
+                // previous one's writes; buffers run in order on the queue.
+                [encoder dispatchThreadgroups:size_of(piece.grid)
                         threadsPerThreadgroup:size_of(launch.threadgroup)];
             }
             [encoder endEncoding];
             [commands commit];
-            [commands waitUntilCompleted];
-            if (commands.status != MTLCommandBufferStatusCompleted) {
-                const std::string kernels =
-                    steps.size() == 1 ? steps[0].launch->kernel
-                                      : steps.front().launch->kernel + " .. " +
-                                            steps.back().launch->kernel;
-                throw std::runtime_error("metal: command buffer failed (status " +
-                                         std::to_string(long(commands.status)) + ", kernels " +
-                                         kernels + "): " + describe(commands.error));
-            }
-        } catch (...) {
-            failure = std::current_exception();
+            committed.push_back(commands);
         }
-    }
-    if (failure) std::rethrow_exception(failure);
+        } catch (...) {
+            wait_all();
+            throw;
+        }
+        wait_all();
+        for (size_t b = 0; b < committed.size(); ++b) {
+            id<MTLCommandBuffer> commands = committed[b];
+            if (commands.status == MTLCommandBufferStatusCompleted) continue;
+            const Piece& first = schedule.pieces[schedule.command_buffers[b]];
+            const Piece& last = schedule.pieces[schedule.end_of_buffer(b) - 1];
+            replace_queue(queue);
+            throw std::runtime_error(
+                "metal: command buffer " + std::to_string(b + 1) + " of " +
+                std::to_string(committed.size()) + " failed (pieces " + piece_name(first) +
+                (&first == &last ? std::string() : " .. " + piece_name(last)) +
+                "): " + describe_command_buffer_error(commands));
+        }
+    });
 }
 
 }  // namespace flashattn::metal

@@ -31,8 +31,11 @@ public:
         return allocate_bytes(n_floats * sizeof(float));
     }
 
+    // Every entry point that calls Objective-C runs in an autorelease pool:
+    // it is called from Python threads, which have none.
     OutputBuffer allocate_bytes(size_t bytes) override {
-        std::shared_ptr<Pool::Lease> lease = pool_->acquire(bytes);
+        std::shared_ptr<Pool::Lease> lease;
+        with_autorelease_pool([&] { lease = pool_->acquire(bytes); });
         float* data = static_cast<float*>(lease->data);
         return {data, std::shared_ptr<void>(std::move(lease))};
     }
@@ -50,17 +53,23 @@ public:
 
     std::string device_name() const override { return device_->name(); }
 
-    void clear_cache() override { pool_->clear_cache(); }
+    void clear_cache() override {
+        with_autorelease_pool([&] { pool_->clear_cache(); });
+    }
     size_t set_cache_limit(size_t bytes) override { return pool_->set_cache_limit(bytes); }
 
     void forward(const FlashParams& p, const ForwardIO& io) override {
-        Call call = Call::forward(*pool_, p, io);
-        run(plan_forward(call.params()), call);
+        with_autorelease_pool([&] {
+            Call call = Call::forward(*pool_, p, io);
+            run(plan_forward(call.params()), call);
+        });
     }
 
     void backward(const FlashParams& p, const BackwardIO& io) override {
-        Call call = Call::backward(*pool_, p, io);
-        run(plan_backward(call.params()), call);
+        with_autorelease_pool([&] {
+            Call call = Call::backward(*pool_, p, io);
+            run(plan_backward(call.params()), call);
+        });
     }
 
 private:
@@ -93,9 +102,12 @@ private:
 }  // namespace metal
 
 std::unique_ptr<Engine> make_metal_engine() {
-    std::unique_ptr<metal::Device> device = metal::Device::create_default();
-    if (!device) return nullptr;
-    return std::make_unique<metal::MetalEngineImpl>(std::move(device));
+    std::unique_ptr<Engine> engine;
+    metal::with_autorelease_pool([&] {
+        std::unique_ptr<metal::Device> device = metal::Device::create_default();
+        if (device) engine = std::make_unique<metal::MetalEngineImpl>(std::move(device));
+    });
+    return engine;
 }
 
 }  // namespace flashattn

@@ -1,11 +1,19 @@
 // How each array of a call reaches the GPU, decided in portable C++ (so that
-// it is tested on every platform): an array lying inside a pool buffer that is
-// handed out (an output of an earlier call, fa.empty, fa.asarray) is bound in
-// place at its offset; any other input is copied once, compactly, into a
-// pooled buffer, and its strides in the call's FlashParams changed to match;
-// an output outside the pool is computed into a pooled buffer and copied back
-// after the GPU has finished. Only arrays the caller passed are ever copied:
-// O(T·D) each, nothing of size T².
+// it is tested on every platform). An input takes the first path that works:
+//   1. pool: it lies inside a pool buffer that is handed out (an output of an
+//      earlier call, fa.empty, fa.asarray): bound in place at its offset;
+//   2. no copy: the host memory it spans (first to last element, rounded out
+//      to whole pages) is wrapped by the backend (newBufferWithBytesNoCopy),
+//      read only, for the call; its strides are kept;
+//   3. one copy of the memory it spans into a pooled buffer, strides kept, so
+//      a broadcast or overlapping view (stride 0, k/v of 2^31 logical
+//      elements over 134 MB) costs its span, never its logical size; only a
+//      view with gaps, whose span exceeds its elements, or with a negative
+//      stride, is copied compactly (its strides in the call's FlashParams
+//      changed to match).
+// An output outside the pool is computed into a pooled buffer and copied back
+// after the GPU has finished. Only arrays the caller passed are ever copied,
+// each at most once per call: nothing of size T².
 #pragma once
 #include <array>
 #include <cstdint>
@@ -23,8 +31,12 @@
 namespace flashattn::metal {
 
 // What crossed between host memory and pool buffers, summed over calls.
+// Per path: inputs_in_place (pool; each use counted), inputs_no_copy
+// (wrapped host memory) and input_copies (each distinct array once per call).
 struct TransferStats {
     uint64_t inputs_in_place = 0;
+    uint64_t inputs_no_copy = 0;
+    uint64_t inputs_no_copy_bytes = 0;  // the spans wrapped (not copied)
     uint64_t input_copies = 0;
     uint64_t input_copy_bytes = 0;
     uint64_t outputs_in_place = 0;
@@ -33,6 +45,8 @@ struct TransferStats {
 
     void add(const TransferStats& o) {
         inputs_in_place += o.inputs_in_place;
+        inputs_no_copy += o.inputs_no_copy;
+        inputs_no_copy_bytes += o.inputs_no_copy_bytes;
         input_copies += o.input_copies;
         input_copy_bytes += o.input_copy_bytes;
         outputs_in_place += o.outputs_in_place;
@@ -50,7 +64,7 @@ struct Tensor4 {
     FlashStrides contiguous() const { return {T * heads * D, heads * D, D}; }
 
     // Elements from the first to one past the last, when no used axis has a
-    // negative stride; -1 otherwise (such a view is copied).
+    // negative stride; -1 otherwise (such a view is copied compactly).
     int64_t span() const {
         const int64_t n[3] = {B, T, heads};
         const int64_t s[3] = {strides.b, strides.t, strides.h};
@@ -61,6 +75,12 @@ struct Tensor4 {
             last += (n[a] - 1) * s[a];
         }
         return last + 1;
+    }
+
+    // Its span, when copying that (strides kept) is no bigger than a compact copy.
+    bool copy_span() const {
+        const int64_t s = span();
+        return s > 0 && s <= elements();
     }
 
     void copy_compact(const float* src, float* dst) const {
@@ -136,10 +156,11 @@ private:
         float* to;
         int64_t n;
     };
-    struct Staged {  // an input already copied in this call (e.g. q, k, v all the same array)
+    struct Staged {  // an input already wrapped or copied in this call (e.g. q, k, v one array)
         const float* src;
         Tensor4 shape;
         Binding binding;
+        bool compact;  // copied compactly: its strides changed
     };
 
     CallBuffers(Pool& pool, const FlashParams& p) : pool_(&pool), params_(p) {}
@@ -148,31 +169,52 @@ private:
         slots_[size_t(s)] = Binding{handle, offset, true};
     }
 
-    // `strides` (in params_) is replaced by compact strides when the input is copied.
+    // `strides` (in params_) is replaced by compact strides when the input is
+    // copied compactly; the other paths keep them.
     void input(Slot s, const float* src, const Tensor4& t, FlashStrides* strides) {
         if (!src) throw std::runtime_error(std::string("metal: no array for input ") + slot_name(s));
         const int64_t span = t.span();
+        const size_t bytes = span > 0 ? size_t(span) * sizeof(float) : 0;
         if (span > 0) {
-            if (auto where = pool_->find(src, size_t(span) * sizeof(float));
-                where && where->offset % alignof(float) == 0) {
+            if (auto where = pool_->find(src, bytes); where && where->offset % alignof(float) == 0) {
                 bind(s, where->handle, where->offset);
                 transfers_.inputs_in_place += 1;
                 return;
             }
         }
-        if (strides) *strides = t.contiguous();
-        for (const Staged& st : staged_)
+        for (const Staged& st : staged_)  // q, k, v may all be one array: wrapped or copied once
             if (st.src == src && same_view(st.shape, t)) {
                 slots_[size_t(s)] = st.binding;
+                if (st.compact && strides) *strides = t.contiguous();
                 return;
             }
-        LeasePtr lease = pool_->acquire(size_t(t.elements()) * sizeof(float));
-        t.copy_compact(src, static_cast<float*>(lease->data));
+        if (span > 0) {
+            if (auto wrapped = pool_->wrap(src, bytes)) {
+                bind(s, wrapped->handle, wrapped->offset);
+                remember(src, t, s, false);
+                transfers_.inputs_no_copy += 1;
+                transfers_.inputs_no_copy_bytes += bytes;
+                return;
+            }
+        }
+        const bool compact = !t.copy_span();
+        const int64_t n = compact ? t.elements() : span;
+        LeasePtr lease = pool_->acquire(size_t(n) * sizeof(float));
+        if (compact) {
+            t.copy_compact(src, static_cast<float*>(lease->data));
+            if (strides) *strides = t.contiguous();
+        } else {
+            std::memcpy(lease->data, src, size_t(n) * sizeof(float));
+        }
         bind(s, lease->handle, 0);
-        staged_.push_back(Staged{src, t, slots_[size_t(s)]});
+        remember(src, t, s, compact);
         transfers_.input_copies += 1;
-        transfers_.input_copy_bytes += uint64_t(t.elements()) * sizeof(float);
+        transfers_.input_copy_bytes += uint64_t(n) * sizeof(float);
         leases_.push_back(std::move(lease));
+    }
+
+    void remember(const float* src, const Tensor4& t, Slot s, bool compact) {
+        staged_.push_back(Staged{src, t, slots_[size_t(s)], compact});
     }
 
     void output(Slot s, float* dst, int64_t n) {

@@ -27,6 +27,7 @@
 #include <stdexcept>
 #include <thread>
 
+#include "core/chunks.h"
 #include "core/interrupt.h"
 #include "sim/runtime.h"
 
@@ -544,17 +545,23 @@ void run_plan(const Plan& plan, const SlotPointers& call_slots) {
         scratch.emplace_back(size_t(s.floats));
         slots[size_t(s.slot)] = scratch.back().empty() ? nullptr : scratch.back().data();
     }
-    for (const Launch& launch : plan.launches) {
+    // The pieces the metal host would encode (core/chunks.h), each with its
+    // origin in a params copy: FLASHATTN_MAX_GROUPS_PER_PIECE forces tiny
+    // pieces, so tests check that cut-up grids give the same bits.
+    const Schedule schedule = schedule_plan(plan, work_model_from_env());
+    for (const Piece& piece : schedule.pieces) {
+        const Launch& launch = plan.launches[piece.launch];
         const Kernel* kernel = find_kernel(launch.kernel);
         if (!kernel) throw std::runtime_error("metal-sim: no kernel named '" + launch.kernel + "'");
+        FlashParams params = params_for_piece(plan.params, piece);
         std::vector<Binding> buffers;
         for (Slot s : launch.buffers) {
             if (s == Slot::params)
-                buffers.push_back({const_cast<FlashParams*>(&plan.params), true});
+                buffers.push_back({&params, true});
             else
                 buffers.push_back({slots[size_t(s)], false});
         }
-        run_launch(*kernel, buffers, launch.grid, launch.threadgroup, launch.constants);
+        run_launch(*kernel, buffers, piece.grid, launch.threadgroup, launch.constants);
     }
 }
 

@@ -23,6 +23,11 @@ from ._api import (
 )
 from .memory import asarray, clear_cache, empty, metal_pool_stats, set_cache_limit
 
+# An engine that failed to start is left out of backends(); say why, once.
+from ._engines import warn_about_failed_engines as _warn_about_failed_engines
+
+_warn_about_failed_engines()
+
 __version__ = "0.1.0"
 
 __all__ = [

@@ -239,15 +239,27 @@ def memory_child(T, threads):
     rng = np.random.default_rng(0)
     q, k, v, do = (rng.standard_normal((B, T, H, D), dtype=np.float32) for _ in range(4))
 
+    # ru_maxrss is in bytes on macOS, KiB on Linux.
+    maxrss_unit = 1 if sys.platform == "darwin" else 1024
+
+    def maxrss():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * maxrss_unit
+
     def rss_now():
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        try:
+            with open("/proc/self/statm") as f:
+                return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        except OSError:  # no /proc (macOS): the peak so far, reached by the inputs just made
+            return maxrss()
 
     def hwm():
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
+        try:
+            with open("/proc/self/status") as f:
+                for line in f:
+                    if line.startswith("VmHWM:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
         return None
 
     base = rss_now()
@@ -258,7 +270,7 @@ def memory_child(T, threads):
         reset = True
     except OSError:
         pass
-    before_max = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    before_max = maxrss()
     t0 = time.perf_counter()
     o, lse = fa.attention(q, k, v, causal=True, return_lse=True, backend="cpu")
     t1 = time.perf_counter()
@@ -267,7 +279,7 @@ def memory_child(T, threads):
     if reset and hwm() is not None:
         peak = hwm()
     else:  # the lifetime peak: only valid when nothing before the calls was larger
-        peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, before_max)
+        peak = max(maxrss(), before_max)
     outputs = sum(x.nbytes for x in (o, lse, dq, dk, dv))
     inputs = sum(x.nbytes for x in (q, k, v, do))
     print(json.dumps({"base": base, "peak": peak, "inputs": inputs, "outputs": outputs,

@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from . import _api, reference
+from . import _api, _engines, reference
 
 # The engine that simulates GPU kernels on the CPU is for tests: far too slow
 # for the timed shape, so it is only checked for correctness.
@@ -81,6 +81,14 @@ def timed(engine, shape, causal, repeats):
     return result
 
 
+def engine_lines() -> list[str]:
+    """The engines here, best first, then each one left out and why."""
+    lines = [f"engines on this machine, best first: {', '.join(_api.backends())}"]
+    lines += [f"not available here: {name}: {reason}"
+              for name, (reason, _failed) in _engines.missing().items()]
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashattn", description=__doc__)
     parser.add_argument("--seq", type=int, default=2048, help="T of the timed shape")
@@ -90,7 +98,7 @@ def main(argv=None) -> int:
     from . import __version__
 
     engines = _api.backends()
-    print(f"flashattn {__version__}: engines on this machine, best first: {', '.join(engines)}")
+    print(f"flashattn {__version__}: " + "\n".join(engine_lines()))
     print(f"cpu engine threads: {_api.get_num_threads()}")
 
     check_cases = [

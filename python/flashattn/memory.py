@@ -123,8 +123,11 @@ def metal_pool_stats() -> dict:
     ``active_bytes``/``active_buffers``: handed out to live arrays or calls;
     ``cached_bytes``/``cached_buffers``: idle, kept for reuse up to
     ``cache_limit``; ``allocations`` (new buffers), ``reuses``, ``evictions``;
-    ``inputs_in_place`` vs ``input_copies`` (+ ``input_copy_bytes``), and the
-    same for outputs; ``device``, ``page_size``, ``peak_active_bytes``.
+    the path each input took: ``inputs_in_place`` (a pool array),
+    ``inputs_no_copy`` (host memory bound in place over its page-rounded
+    span, + ``inputs_no_copy_bytes``) or ``input_copies`` (one copy of its
+    span, + ``input_copy_bytes``); for outputs ``outputs_in_place`` or
+    ``output_copies`` (+ ``output_copy_bytes``); ``device``, ``page_size``, ``peak_active_bytes``.
     """
     _require_metal("metal_pool_stats")
     return dict(_core._metal_pool_stats())

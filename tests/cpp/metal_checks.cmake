@@ -3,14 +3,18 @@
 #    <metal_stdlib> with -Wall -Wextra -Werror (the build's compiler, and clang);
 #  - strict mode (clang): device / constant / threadgroup as distinct clang
 #    address spaces, so mixing them is a compile error as with Apple's
-#    compiler; two planted mistakes prove the strict mode rejects them.
+#    compiler; two planted mistakes prove the strict mode rejects them;
+#  - dialect (clang, tests/metal_dialect/check.cmake): C++14, the base of
+#    MSL 3.1, and no lambdas; planted C++17 and lambda files prove it rejects.
 file(GLOB _metal_sources CONFIGURE_DEPENDS ${PROJECT_SOURCE_DIR}/shaders/*.metal)
 set(_metal_includes ${PROJECT_SOURCE_DIR}/cpp/sim/shim ${PROJECT_SOURCE_DIR}/shaders ${PROJECT_SOURCE_DIR}/cpp)
 set(_metal_inc_flags)
 foreach(d IN LISTS _metal_includes)
   list(APPEND _metal_inc_flags -I${d})
 endforeach()
-set(_metal_common -x c++ -std=c++20 -fsyntax-only -Wall -Wextra -Werror)
+# C++14: the dialect MSL 3.1 (macOS 14) is based on, so newer C++ fails here
+# as it would in Apple's compiler.
+set(_metal_common -x c++ -std=c++14 -fsyntax-only -Wall -Wextra -Werror)
 
 if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
   set(FLASHATTN_CLANGXX ${CMAKE_CXX_COMPILER} CACHE FILEPATH "clang++ for the strict .metal checks")
@@ -40,6 +44,21 @@ foreach(src IN LISTS _metal_sources)
 endforeach()
 
 if(FLASHATTN_CLANGXX)
+  foreach(src IN LISTS _metal_sources)
+    get_filename_component(name ${src} NAME_WE)
+    add_test(NAME metal_dialect_${name}
+             COMMAND ${CMAKE_COMMAND} -DCLANG=${FLASHATTN_CLANGXX} -DFILE=${src} -DEXPECT=pass
+                     "-DINCLUDES=${_metal_includes}"
+                     -P ${PROJECT_SOURCE_DIR}/tests/metal_dialect/check.cmake)
+  endforeach()
+  file(GLOB _dialect_planted ${PROJECT_SOURCE_DIR}/tests/metal_dialect/rejects_*.metal)
+  foreach(src IN LISTS _dialect_planted)
+    get_filename_component(name ${src} NAME_WE)
+    add_test(NAME metal_dialect_${name}
+             COMMAND ${CMAKE_COMMAND} -DCLANG=${FLASHATTN_CLANGXX} -DFILE=${src} -DEXPECT=fail
+                     "-DINCLUDES=${_metal_includes}"
+                     -P ${PROJECT_SOURCE_DIR}/tests/metal_dialect/check.cmake)
+  endforeach()
   file(GLOB _planted ${PROJECT_SOURCE_DIR}/tests/metal_negative/*.metal)
   foreach(src IN LISTS _planted)
     get_filename_component(name ${src} NAME_WE)

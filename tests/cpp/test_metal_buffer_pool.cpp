@@ -30,10 +30,12 @@ struct Block {
     size_t size;
     void* data;
     std::set<int>* released;
+    bool owns = true;  // false: wrapped host memory (newBufferWithBytesNoCopy), not freed here
     Block(int id_, size_t size_, std::set<int>* released_)
         : id(id_), size(size_), data(std::aligned_alloc(kPage, size_)), released(released_) {}
+    Block(void* host, size_t size_) : id(-1), size(size_), data(host), released(nullptr), owns(false) {}
     ~Block() {
-        std::free(data);
+        if (owns) std::free(data);
         if (released) released->insert(id);
     }
 };
@@ -56,6 +58,17 @@ struct HostBackend {
         });
     }
     void* contents(const Handle& h) const { return h->data; }
+
+    // Like newBufferWithBytesNoCopy: page-aligned pointer and length, else refused.
+    bool can_wrap = false;
+    std::shared_ptr<std::vector<std::pair<uintptr_t, size_t>>> wrapped =
+        std::make_shared<std::vector<std::pair<uintptr_t, size_t>>>();
+    Handle wrap(void* page, size_t bytes) const {
+        if (!can_wrap || reinterpret_cast<uintptr_t>(page) % kPage != 0 || bytes % kPage != 0)
+            return nullptr;
+        wrapped->push_back({reinterpret_cast<uintptr_t>(page), bytes});
+        return std::make_shared<Block>(page, bytes);
+    }
 };
 
 using HostPool = BufferPool<HostBackend>;
@@ -375,6 +388,84 @@ void test_stage_backward() {
     CHECK(call.binding(Slot::delta).handle->size >= 6 * sizeof(float));
 }
 
+// Broadcast and overlapping views are copied as the memory they span, strides
+// kept: never expanded to their logical size (test_sizes.py's k/v of 2^31
+// logical elements over 134 MB). A view with gaps is copied compactly.
+void test_stage_spans_not_logical_sizes() {
+    auto pool = HostPool::create(HostBackend{}, kPage, 1 << 30);
+    const int64_t B = 3, Tq = 50, Tk = 4000, H = 4, Hkv = 2, D = 8;
+    std::vector<float> q(B * Tq * H * D, 0.5f);
+    std::vector<float> kv_row(Hkv * D);  // one row, broadcast over B and Tk
+    for (size_t i = 0; i < kv_row.size(); ++i) kv_row[i] = float(i);
+    std::vector<float> window((Tk + 3) * D);  // overlapping: head h reads rows t + h
+    for (size_t i = 0; i < window.size(); ++i) window[i] = -float(i);
+    const std::vector<int64_t> kv_shape = {B, Tk, Hkv, D};
+    FlashParams p = make_forward_params(view(q.data(), {B, Tq, H, D}, contiguous({B, Tq, H, D})),
+                                        view(kv_row.data(), kv_shape, {0, 0, D, 1}),
+                                        view(window.data(), kv_shape, {0, D, D, 1}), {});
+    std::vector<float> o(q.size()), lse(B * H * Tq);
+    auto call = CallBuffers<HostPool>::forward(*pool, p, {q.data(), kv_row.data(), window.data(),
+                                                          o.data(), lse.data()});
+    const TransferStats& t = call.transfers();
+    CHECK(t.input_copies == 3 && t.inputs_no_copy == 0);
+    const uint64_t spans = q.size() + Hkv * D + (Tk - 1 + Hkv) * D;
+    CHECK(t.input_copy_bytes == spans * sizeof(float));  // not 2 * B * Tk * Hkv * D more
+    CHECK(call.params().k.b == 0 && call.params().k.t == 0 && call.params().k.h == D);
+    CHECK(call.params().v.t == D && call.params().v.h == D);
+    CHECK(std::memcmp(bound_data(call.binding(Slot::k).handle, 0), kv_row.data(),
+                      kv_row.size() * sizeof(float)) == 0);
+    CHECK(bound_data(call.binding(Slot::v).handle, 0)[(Tk - 1 + Hkv) * D - 1] ==
+          window[(Tk - 1 + Hkv) * D - 1]);
+}
+
+// With a backend that can wrap host memory, host inputs are bound in place
+// over their page-rounded spans (the pointer the kernel sees is the array's),
+// strides kept; pool arrays still go by the pool; negative strides are copied.
+void test_stage_host_inputs_without_copies() {
+    HostBackend backend;
+    backend.can_wrap = true;
+    auto wrapped = backend.wrapped;
+    auto pool = HostPool::create(backend, kPage, 1 << 30);
+    const int64_t B = 2, T = 37, H = 3, D = 5;
+    const std::vector<int64_t> shape = {B, T, H, D};
+    // An unaligned host array: a packed qkv with q, k, v as strided slices.
+    std::vector<float> qkv(B * T * 3 * H * D + 1);
+    const float* base = qkv.data() + 1;
+    const std::vector<int64_t> strides = {T * 3 * H * D, 3 * H * D, D, 1};
+    const float *q = base, *k = base + H * D, *v = base + 2 * H * D;
+    FlashParams p = make_forward_params(view(q, shape, strides), view(k, shape, strides),
+                                        view(v, shape, strides), {});
+    std::vector<float> o(B * T * H * D), lse(B * H * T);
+    auto call = CallBuffers<HostPool>::forward(*pool, p, {q, k, v, o.data(), lse.data()});
+    const TransferStats& t = call.transfers();
+    CHECK(t.inputs_no_copy == 3 && t.input_copies == 0 && t.input_copy_bytes == 0);
+    CHECK(t.output_copies == 2);  // outputs are never wrapped
+    for (auto [slot, src] : {std::pair{Slot::q, q}, std::pair{Slot::k, k}, std::pair{Slot::v, v}}) {
+        const auto& b = call.binding(slot);
+        CHECK(bound_data(b.handle, b.offset) == src);  // the array itself, not a copy
+        CHECK(reinterpret_cast<uintptr_t>(b.handle->data) % kPage == 0);
+        CHECK(b.handle->size % kPage == 0);
+        CHECK(b.offset + size_t((B - 1) * strides[0] + (T - 1) * strides[1] + H * D) * sizeof(float) <=
+              b.handle->size);
+    }
+    CHECK(call.params().q.t == 3 * H * D && call.params().k.b == strides[0]);
+    CHECK(wrapped->size() == 3);
+
+    // The same array for q, k and v is wrapped once.
+    std::vector<float> x(B * T * H * D);
+    const TensorView xv = view(x.data(), shape, contiguous(shape));
+    FlashParams px = make_forward_params(xv, xv, xv, {});
+    auto call2 = CallBuffers<HostPool>::forward(*pool, px, {x.data(), x.data(), x.data(), o.data(), lse.data()});
+    CHECK(call2.transfers().inputs_no_copy == 1 && wrapped->size() == 4);
+
+    // A reversed time axis cannot be bound as a span: copied compactly.
+    const float* last_row = x.data() + (T - 1) * H * D;
+    FlashParams pr = make_forward_params(view(last_row, shape, {T * H * D, -H * D, D, 1}), xv, xv, {});
+    auto call3 = CallBuffers<HostPool>::forward(*pool, pr, {last_row, x.data(), x.data(), o.data(), lse.data()});
+    CHECK(call3.transfers().input_copies == 1 && call3.transfers().inputs_no_copy == 1);
+    CHECK(call3.params().q.t == H * D);
+}
+
 }  // namespace
 
 int main() {
@@ -391,5 +482,7 @@ int main() {
     test_stage_pool_arrays_in_place();
     test_stage_pool_arrays_that_must_be_copied();
     test_stage_backward();
+    test_stage_spans_not_logical_sizes();
+    test_stage_host_inputs_without_copies();
     return flashattn_test::finish("test_metal_buffer_pool");
 }

@@ -6,7 +6,7 @@ set(inc)
 foreach(d IN LISTS INCLUDES)
   list(APPEND inc "-I${d}")
 endforeach()
-set(common -x c++ -std=c++20 -fsyntax-only -Wno-unknown-attributes ${inc} ${FILE})
+set(common -x c++ -std=c++14 -fsyntax-only -Wno-unknown-attributes ${inc} ${FILE})
 execute_process(COMMAND ${CLANG} -DFA_SIM_STRICT_ADDRESS_SPACES ${common}
                 RESULT_VARIABLE strict_rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
 if(strict_rc EQUAL 0)

@@ -147,20 +147,22 @@ def test_cache_limit_and_clear_cache():
 
 
 def _copies(before, after):
-    return {k: after[k] - before[k] for k in ("inputs_in_place", "input_copies",
+    return {k: after[k] - before[k] for k in ("inputs_in_place", "inputs_no_copy",
+                                                 "inputs_no_copy_bytes", "input_copies",
                                                  "input_copy_bytes", "outputs_in_place",
                                                  "output_copies")}
 
 
 @pytest.mark.mac
 @needs_metal
-def test_host_inputs_cost_one_copy_each_and_outputs_are_pool_buffers():
+def test_host_inputs_are_bound_without_a_copy_and_outputs_are_pool_buffers():
     q, k, v = _qkv(np.random.default_rng(1))
     before = fa.metal_pool_stats()
     o, lse = fa.attention(q, k, v, causal=True, return_lse=True, backend="metal")
     d = _copies(before, fa.metal_pool_stats())
-    assert d["input_copies"] == 3 and d["inputs_in_place"] == 0
-    assert d["input_copy_bytes"] == q.nbytes + k.nbytes + v.nbytes  # O(T·D), nothing O(T²)
+    # newBufferWithBytesNoCopy over each array's page-rounded span.
+    assert d["inputs_no_copy"] == 3 and d["input_copies"] == 0 and d["inputs_in_place"] == 0
+    assert d["inputs_no_copy_bytes"] == q.nbytes + k.nbytes + v.nbytes
     assert d["outputs_in_place"] == 2 and d["output_copies"] == 0
     assert memory._in_pool(o) and memory._in_pool(lse)
     ref_o, ref_lse = fa.reference.attention(q, k, v, causal=True, return_lse=True)
@@ -177,8 +179,25 @@ def test_an_input_the_engine_cannot_read_is_copied_once_into_the_pool():
     o = fa.attention(q_f, k, v, backend="metal")
     d = _copies(before, fa.metal_pool_stats())
     assert d["inputs_in_place"] == 1  # q's copy was made in a pool buffer
-    assert d["input_copies"] == 2 and d["input_copy_bytes"] == k.nbytes + v.nbytes
+    assert d["inputs_no_copy"] == 2 and d["input_copies"] == 0
     np.testing.assert_allclose(o, fa.reference.attention(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.mac
+@needs_metal
+def test_a_broadcast_view_is_bound_as_its_span_never_expanded():
+    rng = np.random.default_rng(6)
+    B, Tq, Tk, H, D = 2, 33, 5000, 2, 16
+    q = rng.standard_normal((B, Tq, H, D), dtype=np.float32)
+    row = rng.standard_normal((1, 1, H, D), dtype=np.float32)
+    k = np.broadcast_to(row, (B, Tk, H, D))  # stride 0 over B and Tk
+    v = np.broadcast_to(row * 2, (B, Tk, H, D))
+    before = fa.metal_pool_stats()
+    o = fa.attention(q, k, v, backend="metal")
+    d = _copies(before, fa.metal_pool_stats())
+    assert d["inputs_no_copy"] + d["input_copies"] == 3
+    assert d["inputs_no_copy_bytes"] + d["input_copy_bytes"] == q.nbytes + 2 * row.nbytes
+    np.testing.assert_allclose(o, np.broadcast_to(row * 2, q.shape), rtol=1e-5, atol=1e-5)
 
 
 def test_contiguous_copy_is_c_ordered_and_equal():
