@@ -42,7 +42,7 @@ if(NOT FLASHATTN_SANITIZE)
                      --kernel planted_tiles_unset=planted_tiles@128/:unset-constant
                      --kernel planted_types=planted_types@64:pass
                      --kernel planted_scratch=planted_scratch@64:scratch
-                     --kernel planted_vgprs=planted_vgprs@64:vgprs)
+                     --kernel planted_vgprs=planted_vgprs@64:scratch)
     set_tests_properties(gpu_gate_kernels gpu_gate_planted PROPERTIES LABELS gpu_gate)
   elseif(DEFINED ENV{CI} AND NOT APPLE)
     # Linux CI installs clang-19 (.ci/run): there, a missing one is a failure.

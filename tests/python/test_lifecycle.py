@@ -6,6 +6,8 @@ a timeout), so a crash or a hang is a failure here, not of the test run."""
 
 from __future__ import annotations
 
+import re
+
 import subprocess
 import sys
 import textwrap
@@ -218,7 +220,10 @@ def test_environment_thread_count_the_system_cannot_give_is_a_runtime_error():
     """, env=env)
     assert_ok(result)
     lines = result.stdout.strip().split("\n")
-    assert len(lines) == 2 and lines[0] == lines[1], result.stdout
+    # Both calls fail the same way; how many threads the system gave before
+    # it stopped depends on the machine's load, so that count may differ.
+    same = [re.sub(r"stopped after \d+", "stopped after N", line) for line in lines]
+    assert len(lines) == 2 and same[0] == same[1], result.stdout
     assert lines[0].startswith("RuntimeError: cpu engine: the system could not start 1024 threads")
     assert lines[0].endswith("(FLASHATTN_NUM_THREADS=1024)"), result.stdout
 

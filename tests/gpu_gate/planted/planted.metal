@@ -8,8 +8,9 @@
 //                     every SIMD-group function the proxy models -> passes;
 //   planted_scratch:  a per-thread array indexed by a run-time bound (what
 //                     the one-thread-per-row kernels do) -> scratch;
-//   planted_vgprs:    160 floats live per thread, every index a constant
-//                     -> no scratch, but more than 128 VGPRs.
+//   planted_vgprs:    160 floats live per thread, every index a constant:
+//                     more than the 128 registers the proxy compiler is
+//                     given (Apple's limit) -> spilled to scratch.
 #include <metal_stdlib>
 
 using namespace metal;
