@@ -19,6 +19,9 @@ from ._api import (
 )
 from .memory import asarray, clear_cache, empty, metal_pool_stats, set_cache_limit
 
+# The cpu engine's instruction-set dispatch (issue 13).
+from ._isa import cpu_isa, cpu_isas
+
 __version__ = "0.1.0"
 
 __all__ = [
@@ -33,5 +36,7 @@ __all__ = [
     "metal_pool_stats",
     "clear_cache",
     "set_cache_limit",
+    "cpu_isa",
+    "cpu_isas",
     "__version__",
 ]
