@@ -6,7 +6,7 @@ import numpy as np
 import numpy.typing as npt
 
 _F32 = npt.NDArray[np.float32]
-_Array = npt.NDArray[np.floating[Any]]
+_Array = npt.NDArray[Any]  # float32 today; float16 and bfloat16 are planned
 
 def backends() -> list[str]: ...
 def set_num_threads(n: int) -> None: ...
