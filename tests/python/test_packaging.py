@@ -70,3 +70,24 @@ def test_mypy_strict_rejects_a_wrong_call(tmp_path):
                         "--cache-dir", os.devnull, str(script)], capture_output=True, text=True,
                        cwd=tmp_path, timeout=600)
     assert r.returncode == 1 and "Incompatible types" in r.stdout
+
+
+def test_the_sdist_ships_the_license(tmp_path):
+    build = pytest.importorskip("scikit_build_core.build",
+                                reason="scikit-build-core is in the test extra")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if not os.path.isfile(os.path.join(repo, "pyproject.toml")):
+        pytest.skip(f"no source tree at {repo}")
+    import tarfile
+
+    cwd = os.getcwd()
+    os.chdir(repo)  # build_sdist packs the current directory
+    try:
+        name = build.build_sdist(str(tmp_path))
+    finally:
+        os.chdir(cwd)
+    with tarfile.open(tmp_path / name) as tar:
+        names = tar.getnames()
+    top = names[0].split("/")[0]
+    for member in ("LICENSE", "python/flashattn/py.typed", "python/flashattn/_core.pyi"):
+        assert f"{top}/{member}" in names, member
