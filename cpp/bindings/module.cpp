@@ -23,6 +23,7 @@
 #include "core/interrupt.h"
 #include "core/params.h"
 #include "core/registry.h"
+#include "cpu/isa.h"
 #include "cpu/peak.h"
 #include "cpu/thread_pool.h"
 
@@ -275,6 +276,10 @@ NB_MODULE(_core, m) {
     m.def("_cpu_fma_peak", &cpu::measure_fma_peak, nb::arg("seconds"), nb::arg("threads"),
           nb::call_guard<nb::gil_scoped_release>());
     bind_xla_handlers(m);
+    // The cpu engine's instruction-set paths (cpp/cpu/isa.h; issue 13).
+    m.def("cpu_isa", &cpu::active_isa, "The cpu engine's instruction-set path in use.");
+    m.def("cpu_isas_supported", &cpu::supported_isas, "Paths this CPU runs, best first.");
+    m.def("cpu_isas_compiled", &cpu::compiled_isas, "Paths built in, best first.");
 #ifdef FLASHATTN_HAVE_METAL
     bind_metal(m);
 #endif

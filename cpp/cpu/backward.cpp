@@ -27,12 +27,15 @@
 #include <cstring>
 #include <vector>
 
-#include "cpu/attention.h"
+#include "cpu/isa_begin.h"  // opens the per-ISA region
+#include "cpu/kernels.h"
 #include "cpu/gemm.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tiles.h"
 
-namespace flashattn::cpu {
+FLASHATTN_CPU_KERNELS(FLASHATTN_CPU_ISA)
+
+namespace flashattn::cpu::FLASHATTN_CPU_ISA {
 namespace {
 
 using simd::splat;
@@ -429,4 +432,6 @@ void attention_backward(const FlashParams& p, const BackwardIO& io) {
     if (plan.partial_rows > 0) sum_partials(cx, plan);
 }
 
-}  // namespace flashattn::cpu
+}  // namespace flashattn::cpu::FLASHATTN_CPU_ISA
+
+#include "cpu/isa_end.h"

@@ -16,12 +16,15 @@
 #include <cmath>
 #include <cstring>
 
-#include "cpu/attention.h"
+#include "cpu/isa_begin.h"  // opens the per-ISA region
+#include "cpu/kernels.h"
 #include "cpu/gemm.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tiles.h"
 
-namespace flashattn::cpu {
+FLASHATTN_CPU_KERNELS(FLASHATTN_CPU_ISA)
+
+namespace flashattn::cpu::FLASHATTN_CPU_ISA {
 namespace {
 
 using simd::splat;
@@ -213,4 +216,6 @@ void attention_forward(const FlashParams& p, const ForwardIO& io) {
     });
 }
 
-}  // namespace flashattn::cpu
+}  // namespace flashattn::cpu::FLASHATTN_CPU_ISA
+
+#include "cpu/isa_end.h"

@@ -5,22 +5,20 @@
 // epilogue maps each finished vector before it is stored (the softmax work of
 // the backward, done while the values are still in registers).
 #pragma once
-#include <cstdint>
-#include <utility>
-
 #include "cpu/simd.h"
 
-namespace flashattn::cpu {
+namespace flashattn::cpu::FLASHATTN_CPU_ISA {
 
 using simd::vf;
 using simd::W;
 
 // Column vectors per micro-kernel call, and rows for each width: about 16-24
-// accumulators, leaving registers for the B row and the broadcast.
-#if defined(__AVX512F__)
+// accumulators, leaving registers for the B row and the broadcast. AVX-512
+// and NEON have 32 vector registers, AVX2 16; the baseline (SSE2) 16.
+#if defined(FLASHATTN_SIMD_AVX512) || defined(FLASHATTN_SIMD_NEON)
 inline constexpr int kMaxNV = 4;
 constexpr int rows_for(int nv) { return nv >= 4 ? 6 : nv == 3 ? 7 : nv == 2 ? 8 : 8; }
-#elif defined(__AVX__)
+#elif defined(FLASHATTN_SIMD_AVX2)
 inline constexpr int kMaxNV = 3;
 constexpr int rows_for(int nv) { return nv >= 3 ? 4 : nv == 2 ? 6 : 8; }
 #else
@@ -120,13 +118,13 @@ inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* 
     for (int n = 0; n < N; n += kMaxNV * W) {
         const int nv = (N - n) / W < kMaxNV ? (N - n) / W : kMaxNV;
         switch (nv) {
-#if defined(__AVX512F__)
+#if defined(FLASHATTN_SIMD_AVX512) || defined(FLASHATTN_SIMD_NEON)
             case 4:
                 detail::gemm_columns<4, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
                                             accumulate, epi.at(0, n));
                 break;
 #endif
-#if defined(__AVX__) || defined(__AVX512F__)
+#if defined(FLASHATTN_SIMD_AVX512) || defined(FLASHATTN_SIMD_AVX2) || defined(FLASHATTN_SIMD_NEON)
             case 3:
                 detail::gemm_columns<3, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
                                             accumulate, epi.at(0, n));
@@ -160,4 +158,4 @@ inline void gemm_ranged(int M, int N, const int* lo, const int* hi, const float*
     }
 }
 
-}  // namespace flashattn::cpu
+}  // namespace flashattn::cpu::FLASHATTN_CPU_ISA

@@ -1,20 +1,23 @@
-// FMA peak measurement: each thread runs 12 independent vector FMA chains
-// (enough to cover the FMA latency on every x86 core we target) for a fixed
-// wall time; the count of completed FMAs over the elapsed time is the peak.
-// Threads are started here rather than taken from the pool, so that every
-// one of them is guaranteed to run at the same time.
-#include "cpu/peak.h"
-
+// FMA peak measurement, one copy per ISA (with its vector width): each
+// thread runs 12 independent vector FMA chains (enough to cover the FMA
+// latency on every x86 core we target) for a fixed wall time; the count of
+// completed FMAs over the elapsed time is the peak. Threads are started here
+// rather than taken from the pool, so that every one of them is guaranteed
+// to run at the same time.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <thread>
 #include <vector>
 
+#include "cpu/isa_begin.h"  // opens the per-ISA region
+#include "cpu/kernels.h"
 #include "cpu/simd.h"
 #include "cpu/thread_pool.h"
 
-namespace flashattn::cpu {
+FLASHATTN_CPU_KERNELS(FLASHATTN_CPU_ISA)
+
+namespace flashattn::cpu::FLASHATTN_CPU_ISA {
 namespace {
 
 using simd::vf;
@@ -76,4 +79,8 @@ double measure_fma_peak(double seconds, int threads) {
     return flops / wall / 1e9;
 }
 
-}  // namespace flashattn::cpu
+int vector_width() { return simd::W; }
+
+}  // namespace flashattn::cpu::FLASHATTN_CPU_ISA
+
+#include "cpu/isa_end.h"

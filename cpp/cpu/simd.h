@@ -1,14 +1,11 @@
 // The vector type the cpu engine's inner loops are written in: W float lanes
-// (16 with AVX-512, 8 with AVX, 4 otherwise), as GCC/Clang vector extensions
-// so every ISA shares one source; intrinsics only where they beat the
-// portable expression (fma, max, exp2 scaling).
+// (16 with AVX-512, 8 with AVX2, 4 with NEON or the baseline), as GCC/Clang
+// vector extensions so every ISA shares one source; intrinsics only where
+// they beat the portable expression (fma, max, exp2 scaling). Compiled once
+// per instruction set, inside the region cpu/isa_begin.h opens.
 #pragma once
-#include <cstdint>
-#include <cstring>
-#include <limits>
-
-#if defined(__AVX512F__) || defined(__AVX__)
-#include <immintrin.h>
+#ifndef FLASHATTN_CPU_ISA
+#error "include cpu/isa_begin.h first"
 #endif
 
 // GCC 12 warns that the AVX-512 intrinsics' internal _mm512_undefined_ps()
@@ -19,11 +16,11 @@
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #endif
 
-namespace flashattn::cpu::simd {
+namespace flashattn::cpu::FLASHATTN_CPU_ISA::simd {
 
-#if defined(__AVX512F__)
+#if defined(FLASHATTN_SIMD_AVX512)
 inline constexpr int W = 16;
-#elif defined(__AVX__)
+#elif defined(FLASHATTN_SIMD_AVX2)
 inline constexpr int W = 8;
 #else
 inline constexpr int W = 4;
@@ -43,10 +40,12 @@ inline void store(float* p, vf v) { std::memcpy(p, &v, sizeof v); }
 // (Not vf{} + x: adding +0.0 is not an identity for -0.0, so the compiler
 // would keep a real add in front of every broadcast.)
 inline vf splat(float x) {
-#if defined(__AVX512F__)
+#if defined(FLASHATTN_SIMD_AVX512)
     return _mm512_set1_ps(x);
-#elif defined(__AVX__)
+#elif defined(FLASHATTN_SIMD_AVX2)
     return _mm256_set1_ps(x);
+#elif defined(FLASHATTN_SIMD_NEON)
+    return (vf)vdupq_n_f32(x);
 #else
     return vf{x, x, x, x};
 #endif
@@ -60,29 +59,40 @@ inline vf select(vi m, vf a, vf b) {
 }
 
 inline vf fma(vf a, vf b, vf c) {
-#if defined(__AVX512F__)
+#if defined(FLASHATTN_SIMD_AVX512)
     return _mm512_fmadd_ps(a, b, c);
-#elif defined(__AVX__) && defined(__FMA__)
+#elif defined(FLASHATTN_SIMD_AVX2)
     return _mm256_fmadd_ps(a, b, c);
+#elif defined(FLASHATTN_SIMD_NEON)
+    return (vf)vfmaq_f32((float32x4_t)c, (float32x4_t)a, (float32x4_t)b);
 #else
     return a * b + c;
 #endif
 }
 
+// x86's max and min: b when either is NaN. Every path keeps that rule (the
+// NEON and generic ones by compare and select; vmaxq_f32 would return the
+// NaN), so NaN inputs reach the same rows on every machine.
 inline vf max(vf a, vf b) {
-#if defined(__AVX512F__)
+#if defined(FLASHATTN_SIMD_AVX512)
     return _mm512_max_ps(a, b);
-#elif defined(__AVX__)
+#elif defined(FLASHATTN_SIMD_AVX2)
     return _mm256_max_ps(a, b);
+#elif defined(FLASHATTN_SIMD_NEON)
+    return (vf)vbslq_f32(vcgtq_f32((float32x4_t)a, (float32x4_t)b), (float32x4_t)a,
+                         (float32x4_t)b);
 #else
     return select(a > b, a, b);
 #endif
 }
 inline vf min(vf a, vf b) {
-#if defined(__AVX512F__)
+#if defined(FLASHATTN_SIMD_AVX512)
     return _mm512_min_ps(a, b);
-#elif defined(__AVX__)
+#elif defined(FLASHATTN_SIMD_AVX2)
     return _mm256_min_ps(a, b);
+#elif defined(FLASHATTN_SIMD_NEON)
+    return (vf)vbslq_f32(vcltq_f32((float32x4_t)a, (float32x4_t)b), (float32x4_t)a,
+                         (float32x4_t)b);
 #else
     return select(a < b, a, b);
 #endif
@@ -105,32 +115,40 @@ inline vi in_range(vi index, int lo, int hi) {
 // nothing; between, as small as float goes (denormals, then 0). IEEE at the
 // ends: NaN stays NaN and x >= 128 (+inf included) gives +inf, so a NaN or
 // inf score reaches its row's output instead of vanishing.
+// Relative-error least-squares fit of 2^f on [-0.5, 0.5]: error < 1e-7. (A
+// function, not a lambda in exp2: Clang's target pragma skips lambdas.)
+inline vf exp2_poly(vf f) {
+    vf p = splat(1.5337585e-4f);
+    p = fma(p, f, splat(1.3399870e-3f));
+    p = fma(p, f, splat(9.6185198e-3f));
+    p = fma(p, f, splat(5.5503290e-2f));
+    p = fma(p, f, splat(2.4022646e-1f));
+    p = fma(p, f, splat(6.9314718e-1f));
+    return fma(p, f, splat(1.0f));
+}
+
 inline vf exp2(vf x) {
     const vf in = x;
-    // Relative-error least-squares fit of 2^f on [-0.5, 0.5]: error < 1e-7.
-    auto poly = [](vf f) {
-        vf p = splat(1.5337585e-4f);
-        p = fma(p, f, splat(1.3399870e-3f));
-        p = fma(p, f, splat(9.6185198e-3f));
-        p = fma(p, f, splat(5.5503290e-2f));
-        p = fma(p, f, splat(2.4022646e-1f));
-        p = fma(p, f, splat(6.9314718e-1f));
-        return fma(p, f, splat(1.0f));
-    };
-#if defined(__AVX512F__)
+#if defined(FLASHATTN_SIMD_AVX512)
     // scalef computes p * 2^n with correct underflow to denormals and 0.
     x = min(max(x, splat(-160.0f)), splat(127.0f));
     const vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const vf r = _mm512_scalef_ps(poly(x - n), n);
+    const vf r = _mm512_scalef_ps(exp2_poly(x - n), n);
 #else
     x = min(max(x, splat(-127.0f)), splat(127.0f));
+#if defined(FLASHATTN_SIMD_NEON)
+    // Round to nearest (even), then n goes into p's exponent.
+    const vf n = (vf)vrndnq_f32((float32x4_t)x);
+    const vi e = (vi)vshlq_n_s32(vcvtq_s32_f32((float32x4_t)n), 23);
+#else
     // Adding 1.5 * 2^23 rounds x to the nearest integer n, which lands in
     // the low mantissa bits of t; n is then added to p's exponent.
     const vf magic = splat(12582912.0f);
     const vf t = x + magic;
     const vf n = t - magic;
     const vi e = (float_to_bits(t) - float_to_bits(magic)) << 23;
-    vf r = bits_to_float(float_to_bits(poly(x - n)) + e);
+#endif
+    vf r = bits_to_float(float_to_bits(exp2_poly(x - n)) + e);
     // Below 2^-125 the exponent arithmetic would leave the normal range.
     r = bits_to_float(float_to_bits(r) & (x >= splat(-125.0f)));
 #endif
@@ -138,4 +156,4 @@ inline vf exp2(vf x) {
     return select(in < splat(128.0f), r, in + splat(kInf));
 }
 
-}  // namespace flashattn::cpu::simd
+}  // namespace flashattn::cpu::FLASHATTN_CPU_ISA::simd

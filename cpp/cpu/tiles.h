@@ -2,16 +2,11 @@
 // sizes, the band of keys a block of queries sees (and the reverse), and
 // aligned scratch memory.
 #pragma once
-#include <algorithm>
-#include <cstdint>
-#include <cstdlib>
-#include <cstring>
-#include <memory>
+#ifndef FLASHATTN_CPU_ISA
+#error "include cpu/isa_begin.h first"
+#endif
 
-#include "core/host_memory.h"
-#include "flash_params.h"
-
-namespace flashattn::cpu {
+namespace flashattn::cpu::FLASHATTN_CPU_ISA {
 
 // Keys per tile; query rows per tile is at most kBlockQ (fewer for short Tq)
 // and a multiple of the vector width, as queries run along vector lanes.
@@ -112,4 +107,4 @@ inline float* scratch(size_t n_floats, int slot) {
     return buffers[slot].data();
 }
 
-}  // namespace flashattn::cpu
+}  // namespace flashattn::cpu::FLASHATTN_CPU_ISA

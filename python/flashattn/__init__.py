@@ -23,6 +23,9 @@ from ._api import (
 )
 from .memory import asarray, clear_cache, empty, metal_pool_stats, set_cache_limit
 
+# The cpu engine's instruction-set dispatch (issue 13).
+from ._isa import cpu_isa, cpu_isas
+
 # An engine that failed to start is left out of backends(); say why, once.
 from ._engines import warn_about_failed_engines as _warn_about_failed_engines
 
@@ -42,5 +45,7 @@ __all__ = [
     "metal_pool_stats",
     "clear_cache",
     "set_cache_limit",
+    "cpu_isa",
+    "cpu_isas",
     "__version__",
 ]

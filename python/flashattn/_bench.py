@@ -29,6 +29,8 @@ import time
 
 import numpy as np
 
+from ._cli_args import positive_int
+
 # (B, T, H, Hkv, D, causal): the shapes of the speed targets.
 SHAPES = [
     (1, 1024, 8, 8, 64, True),
@@ -357,9 +359,10 @@ def main(argv=None) -> int:
         return _bench_metal.main(argv)
     parser = argparse.ArgumentParser(prog="python -m flashattn bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--threads", type=positive_int, default=None,
                         help="threads for both engines (default: flashattn's default)")
-    parser.add_argument("--repeat", type=int, default=5, help="timed runs per case (>= 5)")
+    parser.add_argument("--repeat", type=positive_int, default=5,
+                        help="timed runs per case (>= 5)")
     parser.add_argument("--plot", metavar="FILE.png", help="save throughput against T")
     parser.add_argument("--skip", default="", help="comma list of sections to skip: "
                         "table, window, memory")
@@ -403,7 +406,7 @@ def main(argv=None) -> int:
     peak = max(peaks)
     print(f"flashattn {fa.__version__} cpu engine vs {torch_note}")
     print(f"float32, {args.threads} threads, {args.repeat} timed runs per case after a warm-up, "
-          f"engines interleaved")
+          f"engines interleaved; cpu instruction set {fa.cpu_isa()}")
     print(f"FMA peak measured in this run: {peak:.1f} GFLOP/s "
           f"(best of {len(peaks)} measurements, lowest {min(peaks):.1f})")
     if rows:

@@ -1,0 +1,29 @@
+# Types of the public entry points (python/flashattn/_api.py): attention
+# returns o, or (o, lse) when return_lse=True.
+from typing import Any, Literal, overload
+
+import numpy as np
+import numpy.typing as npt
+
+_F32 = npt.NDArray[np.float32]
+_Array = npt.NDArray[Any]  # float32 today; float16 and bfloat16 are planned
+
+def backends() -> list[str]: ...
+def set_num_threads(n: int) -> None: ...
+def get_num_threads() -> int: ...
+@overload
+def attention(q: _Array, k: _Array, v: _Array, *, causal: bool = ...,
+              window: tuple[int, int] = ..., scale: float | None = ...,
+              return_lse: Literal[False] = ..., backend: str | None = ...) -> _F32: ...
+@overload
+def attention(q: _Array, k: _Array, v: _Array, *, causal: bool = ...,
+              window: tuple[int, int] = ..., scale: float | None = ...,
+              return_lse: Literal[True], backend: str | None = ...) -> tuple[_F32, _F32]: ...
+@overload
+def attention(q: _Array, k: _Array, v: _Array, *, causal: bool = ...,
+              window: tuple[int, int] = ..., scale: float | None = ...,
+              return_lse: bool, backend: str | None = ...) -> _F32 | tuple[_F32, _F32]: ...
+def attention_backward(do: _Array, q: _Array, k: _Array, v: _Array, o: _Array, lse: _Array, *,
+                       causal: bool = ..., window: tuple[int, int] = ...,
+                       scale: float | None = ...,
+                       backend: str | None = ...) -> tuple[_F32, _F32, _F32]: ...

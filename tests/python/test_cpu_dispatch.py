@@ -1,0 +1,80 @@
+"""The cpu engine's instruction-set dispatch from Python: fa.cpu_isa() names
+the path in use (the best this CPU supports unless FLASHATTN_CPU_ISA forces
+one), every supported path passes the reduced grid (cpu_isa_grid.py), and a
+bad FLASHATTN_CPU_ISA is an error that names it, never a silent fallback.
+The path is fixed at first use, so each forced path runs in a fresh process."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+import flashattn as fa
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SUPPORTED = fa.cpu_isas()
+COMPILED = fa.cpu_isas(compiled=True)
+
+
+def run_python(isa, *args):
+    """python *args in a fresh process with FLASHATTN_CPU_ISA=isa."""
+    env = dict(os.environ, FLASHATTN_CPU_ISA=isa)
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_supported_paths_are_the_compiled_ones_this_cpu_runs_in_order():
+    assert SUPPORTED and set(SUPPORTED) <= set(COMPILED)
+    assert SUPPORTED == [isa for isa in COMPILED if isa in SUPPORTED]
+    assert SUPPORTED[-1] == COMPILED[-1]  # baseline / neon / native runs everywhere
+
+
+def test_the_default_path_is_the_best_supported_one():
+    if os.environ.get("FLASHATTN_CPU_ISA"):
+        pytest.skip("FLASHATTN_CPU_ISA is set for this session")
+    assert fa.cpu_isa() == SUPPORTED[0]
+
+
+def test_the_dispatched_build_has_every_path_of_its_architecture():
+    if COMPILED == ["native"]:
+        pytest.skip("a FLASHATTN_NATIVE=ON build has one path")
+    machine = platform.machine().lower()
+    if machine in ("x86_64", "amd64"):
+        assert COMPILED == ["avx512", "avx2", "baseline"]
+    elif machine in ("aarch64", "arm64"):
+        assert COMPILED == ["neon"]
+
+
+@pytest.mark.parametrize("isa", SUPPORTED)
+def test_every_supported_path_passes_the_grid(isa):
+    r = run_python(isa, os.path.join(HERE, "cpu_isa_grid.py"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"cpu path: {isa}\n" in r.stdout
+    assert r.stdout.rstrip().endswith("ok")
+
+
+def test_an_unknown_path_is_a_value_error_naming_it():
+    code = ("import numpy as np, flashattn as fa\n"
+            "q = np.ones((1, 4, 1, 8), np.float32)\n"
+            "for f in (fa.cpu_isa, lambda: fa.attention(q, q, q, backend='cpu')):\n"
+            "    try:\n        f()\n    except ValueError as e:\n        print('ValueError:', e)\n")
+    r = run_python("sse9", "-c", code)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2
+    for line in lines:
+        assert line.startswith("ValueError: FLASHATTN_CPU_ISA='sse9'") and "expected one of" in line
+
+
+@pytest.mark.parametrize("isa", [i for i in COMPILED if i not in SUPPORTED] or
+                         [pytest.param("none", marks=pytest.mark.skip(
+                             reason="this CPU runs every compiled path"))])
+def test_a_path_this_cpu_cannot_run_is_a_runtime_error(isa):
+    code = ("import flashattn as fa\n"
+            "try:\n    fa.cpu_isa()\nexcept RuntimeError as e:\n    print('RuntimeError:', e)\n")
+    r = run_python(isa, "-c", code)
+    assert f"RuntimeError: FLASHATTN_CPU_ISA='{isa}': this CPU cannot run it" in r.stdout
