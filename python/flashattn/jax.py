@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import _core
-from ._api import _scale, _window
+from ._args import scale as _scale, window as _window
 
 __all__ = ["attention"]
 

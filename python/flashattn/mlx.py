@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from ._api import _scale, _window
+from ._args import scale as _scale, window as _window
 from ._api import attention as _np_attention
 from ._api import attention_backward as _np_attention_backward
 

@@ -30,7 +30,8 @@ from typing import Optional, Tuple
 import torch
 
 from . import reference
-from ._api import _scale, _window, attention as _np_attention
+from ._api import attention as _np_attention
+from ._args import scale as _scale, window as _window
 from ._api import attention_backward as _np_attention_backward
 from ._api import backends as _backends
 
