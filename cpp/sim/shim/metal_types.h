@@ -10,7 +10,13 @@
 namespace metal {
 
 // binary16, with the compiler's own conversions (round to nearest even).
+// GCC before 13 has no C++ _Float16 on arm64; its __fp16 is the same
+// format there, converted the same way (arithmetic happens in float).
+#if defined(__aarch64__) && !defined(__clang__) && defined(__GNUC__) && __GNUC__ < 13
+using half = __fp16;
+#else
 using half = _Float16;
+#endif
 
 // bfloat16: the upper half of a float32. Conversions round to nearest even
 // and keep NaN a NaN, as Apple's hardware conversion does.
