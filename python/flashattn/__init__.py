@@ -21,6 +21,7 @@ from ._api import (
     get_num_threads,
     set_num_threads,
 )
+from ._merge import merge_states
 from .memory import asarray, clear_cache, empty, metal_pool_stats, set_cache_limit
 
 # The cpu engine's instruction-set dispatch (issue 13).
@@ -36,6 +37,7 @@ __version__ = "0.1.0"
 __all__ = [
     "attention",
     "attention_backward",
+    "merge_states",
     "backends",
     "reference",
     "set_num_threads",
