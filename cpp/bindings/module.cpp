@@ -275,6 +275,10 @@ NB_MODULE(_core, m) {
     // For the benchmark (python -m flashattn bench): GFLOP/s of FMA chains.
     m.def("_cpu_fma_peak", &cpu::measure_fma_peak, nb::arg("seconds"), nb::arg("threads"),
           nb::call_guard<nb::gil_scoped_release>());
+    // GB/s read from a buffer beyond the caches: a decoding step's limit.
+    m.def("_cpu_read_bandwidth", &cpu::measure_read_bandwidth, nb::arg("seconds"),
+          nb::arg("threads"), nb::arg("bytes") = size_t(512) << 20,
+          nb::call_guard<nb::gil_scoped_release>());
     bind_xla_handlers(m);
     // The cpu engine's instruction-set paths (cpp/cpu/isa.h; issue 13).
     m.def("cpu_isa", &cpu::active_isa, "The cpu engine's instruction-set path in use.");

@@ -414,7 +414,7 @@ void sum_partials(const Context& cx, const ChunkPlan& plan) {
 }  // namespace
 
 void attention_backward(const FlashParams& p, const BackwardIO& io) {
-    const int BQ = query_block(p, W);
+    const int BQ = query_block(p.Tq, W);
     const int Dp = int(round_up(p.D, W));
     AlignedBuffer delta(size_t(p.B) * p.H * size_t(p.Tq));
     row_deltas(p, io, delta.data());

@@ -1,6 +1,8 @@
 // Forward pass of the cpu engine (FlashAttention-2 split): one task per
-// (batch, head, block of query rows); each walks the key blocks of its band
-// with an online softmax and writes o and lse = log(sum exp(scale * q.k)).
+// (batch, kv head, block of query rows, its group's query heads packed in:
+// tiles.h); each walks the key blocks of its band with an online softmax and
+// writes o and lse = log(sum exp(scale * q.k)). Calls with few such tiles
+// also split the keys (split-KV, below).
 //
 // Tiles are held transposed, keys x queries, so the queries of a tile run
 // along the vector lanes: the softmax statistics (max, sum, rescale) of W
@@ -13,12 +15,14 @@
 // exceeds it by more than kHeadroom (then the block is redone the two-pass
 // way). Probabilities up to e^kHeadroom relative to m lose no accuracy in
 // float, and skipping the rescale saves a pass over the tile and over O.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
 #include "cpu/isa_begin.h"  // opens the per-ISA region
 #include "cpu/kernels.h"
 #include "cpu/gemm.h"
+#include "cpu/merge.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tiles.h"
 
@@ -98,16 +102,24 @@ void online_softmax(float* ST, int nk, int BQ, bool full, const int* lo, const i
     }
 }
 
-void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t h, int64_t i0,
-                   int nq, int BQ) {
+// Where a tile's results go: o and lse themselves, or (split-KV) a partial
+// o (row r at o + r * D, normalised) and lse per row, merged later.
+struct TileOutput {
+    float* o = nullptr;  // nullptr: the call's o and lse
+    float* lse = nullptr;
+};
+
+// One tile: rows [R0, R0 + nq) of kv head hk's rows, its group's query
+// heads packed (tiles.h, g = p.group), against the keys of `keys`; those
+// outside a row's band are masked.
+void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t hk, int64_t R0,
+                   int nq, int BQ, Range keys, const TileOutput& out) {
     const int D = p.D;
     const int Dp = int(round_up(D, W));
-    const int64_t hk = h / p.group;
-    const float* q0 = io.q + b * p.q.b + h * p.q.h;
+    const int g = p.group;
+    const int64_t head0 = hk * g;  // query head of row R: head0 + R % g
     const float* k0 = io.k + b * p.k.b + hk * p.k.h;
     const float* v0 = io.v + b * p.v.b + hk * p.v.h;
-    float* o0 = io.o + b * p.o.b + h * p.o.h;
-    float* lse0 = io.lse + (b * p.H + h) * int64_t(p.Tq);
 
     float* Qt = scratch(size_t(D) * BQ, 0);         // D x BQ, scaled
     float* Vp = scratch(size_t(kBlockK) * Dp, 1);   // keys x Dp, zero-padded
@@ -126,7 +138,10 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     // however large both are. Rows are first gathered whole (wide loads keep
     // many cache misses in flight), then transposed from L1.
     float* Qr = scratch(size_t(BQ) * D, 9);
-    for (int r = 0; r < nq; ++r) std::memcpy(Qr + r * D, q0 + (i0 + r) * p.q.t, sizeof(float) * D);
+    for (int r = 0; r < nq; ++r) {
+        const int64_t R = R0 + r, t = R / g, h = head0 + R % g;
+        std::memcpy(Qr + r * D, io.q + b * p.q.b + h * p.q.h + t * p.q.t, sizeof(float) * D);
+    }
     for (int d = 0; d < D; ++d) {
         for (int r = 0; r < nq; ++r) Qt[d * BQ + r] = Qr[r * D + d] * p.scale;
         for (int r = nq; r < BQ; ++r) Qt[d * BQ + r] = 0.0f;
@@ -136,10 +151,14 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     for (int j = 0; j < kBlockK; ++j)
         for (int d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
 
-    const Range keys = keys_of_rows(p, i0, i0 + nq);
     for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
         const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));
-        const bool full = block_inside_band(p, i0, i0 + nq, j0, j0 + nk);
+        const bool full = block_inside_band(p, R0, R0 + nq, j0, j0 + nk, g);
+        if (j0 + kBlockK < keys.end) {  // the next block's K and V, while this one computes
+            const int next = int(std::min<int64_t>(kBlockK, keys.end - j0 - kBlockK));
+            prefetch_rows(k0 + (j0 + kBlockK) * p.k.t, next, D, p.k.t);
+            prefetch_rows(v0 + (j0 + kBlockK) * p.v.t, next, D, p.v.t);
+        }
         // V rows serve as the B operand in place when they need no padding.
         const float* Vb = v0 + j0 * p.v.t;
         int64_t ldv = p.v.t;
@@ -168,7 +187,7 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
         // The two-pass step: S^T = K Q^T, then max, rescale and exponentials.
         gemm<false>(nk, BQ, D, Kb, p.k.t, Qt, BQ, ST, BQ, nullptr, false);
         if (!full)
-            for (int j = 0; j < nk; ++j) key_columns(p, j0 + j, i0, nq, lo[j], hi[j]);
+            for (int j = 0; j < nk; ++j) key_columns(p, j0 + j, R0, nq, lo[j], hi[j], g);
         online_softmax(ST, nk, BQ, full, lo, hi, m, l, corr);
         // O = O * corr + P V, with P = (S^T)^T. A masked P entry is 0, and 0
         // times an inf or NaN in V would reach a row that does not see it.
@@ -176,7 +195,7 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
             gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O, Dp, corr, true);
         } else {
             int klo[kBlockQ], khi[kBlockQ];
-            for (int r = 0; r < nq; ++r) row_keys(p, i0 + r, j0, nk, klo[r], khi[r]);
+            for (int r = 0; r < nq; ++r) row_keys(p, R0 + r, j0, nk, klo[r], khi[r], g);
             gemm_ranged<true>(nq, Dp, klo, khi, ST, BQ, Vb, ldv, O, Dp, corr, true);
         }
         have_max = true;
@@ -184,35 +203,89 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     }
 
     for (int r = 0; r < nq; ++r) {
-        float* dst = o0 + (i0 + r) * p.o.t;
+        const int64_t R = R0 + r, t = R / g, h = head0 + R % g;
+        float* dst = out.o ? out.o + r * D : io.o + b * p.o.b + h * p.o.h + t * p.o.t;
+        float* lse = out.o ? out.lse + r : io.lse + (b * p.H + h) * int64_t(p.Tq) + t;
         // Geometry, and then l, decide: a NaN or +inf score makes l NaN, and
         // that row's output must say so; l == 0 means every score it saw was
-        // -inf, so every key dropped out and it is a row that sees no key.
-        if (row_sees_keys(p, i0 + r) && l[r] != 0.0f) {
+        // -inf, so every key dropped out and it is a row that sees no key
+        // (or, for a split-KV part, no key of its range).
+        if (row_sees_keys(p, R, g) && l[r] != 0.0f) {
             const float inv = 1.0f / l[r];
             for (int d = 0; d < D; ++d) dst[d] = O[r * Dp + d] * inv;
-            lse0[i0 + r] = m[r] + std::log(l[r]);
+            *lse = m[r] + std::log(l[r]);
         } else {  // a row that sees no key
             for (int d = 0; d < D; ++d) dst[d] = 0.0f;
-            lse0[i0 + r] = -simd::kInf;
+            *lse = -simd::kInf;
         }
     }
 }
 
 }  // namespace
 
+// Split-KV ("flash decoding"): a call with too few tiles to keep the cores
+// busy (a decoding step has one per kv head) cuts each tile's keys into
+// chunks of at least kSplitMinKeys, one task each; every chunk leaves a
+// partial o and lse, and a second pass merges them exactly (cpu/merge.h,
+// fa.merge_states' formula). The split depends on the shape alone, never on
+// the thread count, so neither do the results.
+constexpr int64_t kTargetTasks = 16;
+constexpr int64_t kSplitMinKeys = 512;
+
 void attention_forward(const FlashParams& p, const ForwardIO& io) {
-    const int BQ = query_block(p, W);
-    const int64_t blocks = (int64_t(p.Tq) + BQ - 1) / BQ;
-    const int64_t heads = int64_t(p.B) * p.H;
-    // Consecutive tasks share a head, so its K and V stay in cache; within a
-    // head the last query blocks (the most keys under a causal mask) come
+    const int g = p.group;
+    const int64_t rows = int64_t(p.Tq) * g;  // per kv head, its query heads packed
+    const int BQ = query_block(rows, W);
+    const int64_t blocks = (rows + BQ - 1) / BQ;
+    const int64_t tiles = int64_t(p.B) * p.Hkv * blocks;
+    const int64_t splits =
+        tiles >= kTargetTasks
+            ? 1
+            : std::max<int64_t>(1, std::min((kTargetTasks + tiles - 1) / tiles,
+                                            int64_t(p.Tk) / kSplitMinKeys));
+    struct Tile {
+        int64_t b, hk, R0;
+        int nq;
+    };
+    // Consecutive tasks share a kv head, so its K and V stay in cache; within
+    // a head the last query blocks (the most keys under a causal mask) come
     // first, so the tasks left at the end are small and threads finish together.
-    parallel_for(heads * blocks, [&](int64_t t) {
-        const int64_t qb = blocks - 1 - t % blocks;
-        const int64_t bh = t / blocks;
-        const int64_t i0 = qb * BQ;
-        forward_block(p, io, bh / p.H, bh % p.H, i0, int(std::min<int64_t>(BQ, p.Tq - i0)), BQ);
+    auto tile_of = [&](int64_t t) {
+        const int64_t bh = t / blocks, R0 = (blocks - 1 - t % blocks) * BQ;
+        return Tile{bh / p.Hkv, bh % p.Hkv, R0, int(std::min<int64_t>(BQ, rows - R0))};
+    };
+    if (splits == 1) {
+        parallel_for(tiles, [&](int64_t t) {
+            const Tile x = tile_of(t);
+            forward_block(p, io, x.b, x.hk, x.R0, x.nq, BQ, keys_of_rows(p, x.R0, x.R0 + x.nq, g),
+                          TileOutput{});
+        });
+        return;
+    }
+    const size_t parts = size_t(tiles * splits);
+    AlignedBuffer part_o(parts * BQ * p.D), part_lse(parts * BQ);
+    parallel_for(tiles * splits, [&](int64_t t) {
+        const Tile x = tile_of(t / splits);
+        const int64_t s = t % splits;
+        const Range band = keys_of_rows(p, x.R0, x.R0 + x.nq, g);
+        const int64_t chunk =
+            round_up((std::max<int64_t>(band.end - band.begin, 0) + splits - 1) / splits, kBlockK);
+        const int64_t begin = std::min(band.end, band.begin + s * chunk);
+        const Range keys{begin, std::min(band.end, begin + chunk)};
+        forward_block(p, io, x.b, x.hk, x.R0, x.nq, BQ, keys,
+                      TileOutput{part_o.data() + size_t(t) * BQ * p.D,
+                                 part_lse.data() + size_t(t) * BQ});
+    });
+    parallel_for(tiles, [&](int64_t t) {
+        const Tile x = tile_of(t);
+        const float* o_parts = part_o.data() + size_t(t * splits) * BQ * p.D;
+        const float* lse_parts = part_lse.data() + size_t(t * splits) * BQ;
+        for (int r = 0; r < x.nq; ++r) {
+            const int64_t R = x.R0 + r, tq = R / g, h = x.hk * g + R % g;
+            merge_row(int(splits), o_parts + r * p.D, int64_t(BQ) * p.D, lse_parts + r, BQ, p.D,
+                      io.o + x.b * p.o.b + h * p.o.h + tq * p.o.t,
+                      io.lse + (x.b * p.H + h) * int64_t(p.Tq) + tq);
+        }
     });
 }
 
