@@ -279,6 +279,9 @@ NB_MODULE(_core, m) {
     m.def("_cpu_read_bandwidth", &cpu::measure_read_bandwidth, nb::arg("seconds"),
           nb::arg("threads"), nb::arg("bytes") = size_t(512) << 20,
           nb::call_guard<nb::gil_scoped_release>());
+    // Microseconds per parallel_for of empty tasks: the pool's wake-up cost.
+    m.def("_cpu_pool_wakeup_us", &cpu::pool_wakeup_us, nb::arg("calls"),
+          nb::call_guard<nb::gil_scoped_release>());
     bind_xla_handlers(m);
     // The cpu engine's instruction-set paths (cpp/cpu/isa.h; issue 13).
     m.def("cpu_isa", &cpu::active_isa, "The cpu engine's instruction-set path in use.");

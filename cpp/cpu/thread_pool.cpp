@@ -5,6 +5,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -57,6 +58,17 @@ struct Job {
         }
     }
 };
+
+// How long an idle worker watches for new work before it sleeps.
+constexpr auto kSpin = std::chrono::microseconds(100);
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield");
+#endif
+}
 
 // While the submitter waits for the workers' last tasks, it still polls.
 constexpr auto kWaitSlice = std::chrono::milliseconds(10);
@@ -112,9 +124,16 @@ public:
         if (n > 1 && threads_.load() > 1) {
             std::lock_guard<std::mutex> lk(m_);
             queue_.push_back(job);
+            queued_.fetch_add(1, std::memory_order_release);
             wake_.notify_all();
         }
         job->work(true);
+        // The workers' last tasks are usually short: watch for them a moment
+        // before sleeping on the condition variable (a wake-up costs more).
+        const auto until = std::chrono::steady_clock::now() + kSpin;
+        while (job->done.load(std::memory_order_acquire) != n &&
+               std::chrono::steady_clock::now() < until)
+            cpu_relax();
         {
             std::unique_lock<std::mutex> lk(job->m);
             while (!job->finished.wait_for(lk, kWaitSlice, [&] { return job->done.load() == n; }))
@@ -160,6 +179,7 @@ private:
         for (auto it = queue_.begin(); it != queue_.end(); ++it)
             if (*it == job) {
                 queue_.erase(it);
+                queued_.fetch_sub(1, std::memory_order_relaxed);
                 break;
             }
     }
@@ -167,12 +187,18 @@ private:
     void loop() {
         std::unique_lock<std::mutex> lk(m_);
         for (;;) {
+            if (!stopping_ && queue_.empty()) {
+                lk.unlock();
+                spin_for_work();
+                lk.lock();
+            }
             wake_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
             if (stopping_) return;
             std::shared_ptr<Job> job = queue_.front();
             // An exhausted job leaves the queue so idle workers sleep again.
             if (job->next.load(std::memory_order_relaxed) >= job->n) {
                 queue_.pop_front();
+                queued_.fetch_sub(1, std::memory_order_relaxed);
                 continue;
             }
             lk.unlock();
@@ -181,10 +207,23 @@ private:
         }
     }
 
+    // A worker that ran out of work watches the queue for a moment before it
+    // sleeps: calls come in bursts (a training step is a forward, then a
+    // backward, per layer), and a sleeping worker takes a futex wake-up and
+    // a reschedule, tens of microseconds on a shared machine, to join the
+    // next one; a small call lasts not much longer.
+    void spin_for_work() const {
+        const auto until = std::chrono::steady_clock::now() + kSpin;
+        while (queued_.load(std::memory_order_acquire) == 0 &&
+               std::chrono::steady_clock::now() < until)
+            cpu_relax();
+    }
+
     std::mutex resize_m_;
     std::mutex m_;
     std::condition_variable wake_;
     std::deque<std::shared_ptr<Job>> queue_;
+    std::atomic<int> queued_{0};  // queue_.size(), for the spinning workers (no lock)
     std::vector<std::thread> workers_;
     bool stopping_ = false;
     std::atomic<int> threads_{1};
@@ -237,5 +276,23 @@ void set_num_threads(int n) {
 int num_threads() { return pool().threads(); }
 
 void parallel_for(int64_t n, const std::function<void(int64_t)>& task) { pool().run(n, task); }
+
+double pool_wakeup_us(int calls) {
+    // Each task works for kTask; with every thread taking one at once a call
+    // lasts kTask, and what it takes beyond that is the pool's: waking the
+    // workers, handing out the tasks, waiting for the last to finish.
+    using clock = std::chrono::steady_clock;
+    constexpr auto kTask = std::chrono::microseconds(20);
+    const int n = num_threads();
+    const std::function<void(int64_t)> task = [&](int64_t) {
+        const auto until = clock::now() + kTask;
+        while (clock::now() < until) {
+        }
+    };
+    const auto start = clock::now();
+    for (int c = 0; c < calls; ++c) parallel_for(n, task);
+    const double s = std::chrono::duration<double>(clock::now() - start).count();
+    return s / std::max(calls, 1) * 1e6 - 20.0;
+}
 
 }  // namespace flashattn::cpu

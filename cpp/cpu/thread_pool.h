@@ -26,4 +26,9 @@ int num_threads();
 // Interrupted is thrown.
 void parallel_for(int64_t n, const std::function<void(int64_t)>& task);
 
+// Mean microseconds that a parallel_for of one 20 us task per thread takes
+// beyond 20 us, over `calls` calls: what waking the pool and waiting for it
+// cost a small call (the bench's probe).
+double pool_wakeup_us(int calls);
+
 }  // namespace flashattn::cpu

@@ -11,7 +11,10 @@ backward 2.5x forward. torch's (B, H, T, D) copies are made before timing.
 Two more sections show what torch has no counterpart for: the cost of a
 sliding window against full causal attention at T = 16384, and the peak
 memory of a T = 65536 forward + backward (measured in a child process).
-torch is optional (``pip install 'flashattn[bench]'``); without it only the
+Then the machine's limits (_bench_limits.py): decode against the read
+bandwidth, long T, the GQA backward against MHA, and small shapes against
+the FMA peak. ``--only decode,small`` runs some sections, ``--skip`` leaves
+some out. torch is optional (``pip install 'flashattn[bench]'``); without it only the
 cpu engine's own numbers are shown. ``--plot FILE.png`` saves throughput
 against T for both engines (needs matplotlib).
 """
@@ -29,6 +32,7 @@ import time
 
 import numpy as np
 
+from . import _bench_limits as _limits
 from ._cli_args import positive_int
 
 # (B, T, H, Hkv, D, causal): the shapes of the speed targets.
@@ -43,6 +47,8 @@ SHAPES = [
 PLOT_TS = [256, 512, 1024, 2048, 4096]
 WINDOW_T, WINDOW = 16384, (255, 0)
 MEMORY_T = 65536
+# Every section, in the order they run (the last four: _bench_limits.py).
+SECTIONS = ("table", "window", "memory", "decode", "long-t", "gqa-bwd", "small")
 
 
 def forward_flops(B, Tq, Tk, H, D, causal):
@@ -118,6 +124,15 @@ class Problem:
                               return_lse=True, backend="cpu")
         fa.attention_backward(self.do, self.q, self.k, self.v, o, lse, causal=self.causal,
                               window=self.window, backend="cpu")
+
+    def forward_outputs(self):
+        """o and lse of our forward, for timing the backward alone."""
+        return self.fa.attention(self.q, self.k, self.v, causal=self.causal, window=self.window,
+                                 return_lse=True, backend="cpu")
+
+    def ours_backward(self, o, lse):
+        self.fa.attention_backward(self.do, self.q, self.k, self.v, o, lse, causal=self.causal,
+                                   window=self.window, backend="cpu")
 
     def torch_forward(self):
         torch = self.torch
@@ -365,14 +380,24 @@ def main(argv=None) -> int:
                         help="timed runs per case (>= 5)")
     parser.add_argument("--plot", metavar="FILE.png", help="save throughput against T")
     parser.add_argument("--skip", default="", help="comma list of sections to skip: "
-                        "table, window, memory")
+                        + ", ".join(SECTIONS))
+    parser.add_argument("--only", default="", help="comma list of the sections to run "
+                        "(default: all)")
+    parser.add_argument("--long-t-torch", type=positive_int, default=16384, metavar="T",
+                        help="longest T of the long-T section that torch also runs "
+                        "(default 16384: at 65536 torch alone takes minutes)")
     args = parser.parse_args(argv)
     if args.repeat < 5:
         parser.error("--repeat must be at least 5")
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
-    unknown = skip - {"table", "window", "memory"}
-    if unknown:
-        parser.error(f"--skip: unknown section(s) {sorted(unknown)}")
+    only = {s.strip() for s in args.only.split(",") if s.strip()}
+    for flag, names in (("--skip", skip), ("--only", only)):
+        unknown = names - set(SECTIONS)
+        if unknown:
+            parser.error(f"{flag}: unknown section(s) {sorted(unknown)}; "
+                         f"sections: {', '.join(SECTIONS)}")
+    if only:
+        skip |= set(SECTIONS) - only
 
     import flashattn as fa
 
@@ -389,7 +414,8 @@ def main(argv=None) -> int:
         torch_note = "torch not installed (pip install 'flashattn[bench]'): cpu engine only"
 
     sections = (0 if "table" in skip else len(SHAPES)) + (0 if "window" in skip else 1) + \
-        (0 if "memory" in skip else 1) + (len(PLOT_TS) if args.plot else 0)
+        (0 if "memory" in skip else 1) + (len(PLOT_TS) if args.plot else 0) + \
+        sum(len(cases) for name, cases in _limits.CASES.items() if name not in skip)
     progress = Progress(sections)
     peaks = [fma_peak(args.threads)]
     rows = run_table(args, torch, progress, peaks) if "table" not in skip else []
@@ -400,6 +426,13 @@ def main(argv=None) -> int:
         rate = fl / min(times["ours fwd"])
     memory = run_memory(args, progress, rate or 100e9) if "memory" not in skip else None
     plot = run_plot(args, torch, progress, args.plot) if args.plot else None
+    decode = _limits.run_decode(args, torch, progress, interleaved) if "decode" not in skip else None
+    long_t = (_limits.run_long_t(args, torch, progress, interleaved, Problem)
+              if "long-t" not in skip else None)
+    gqa = (_limits.run_gqa_backward(args, torch, progress, interleaved, Problem)
+           if "gqa-bwd" not in skip else None)
+    small = (_limits.run_small(args, torch, progress, interleaved, Problem)
+             if "small" not in skip else None)
     peaks.append(fma_peak(args.threads))
     progress.close()
 
@@ -417,6 +450,14 @@ def main(argv=None) -> int:
         print_memory(memory)
     if plot:
         print(f"\nplot saved to {args.plot}")
+    if decode:
+        _limits.print_decode(decode)
+    if long_t:
+        _limits.print_long_t(long_t, forward_flops, peak)
+    if gqa:
+        _limits.print_gqa_backward(gqa, forward_flops, peak)
+    if small:
+        _limits.print_small(small, forward_flops, peak)
     return 0
 
 
