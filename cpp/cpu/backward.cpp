@@ -1,6 +1,7 @@
 // Backward pass of the cpu engine, FlashAttention-2 style and deterministic
 // (no atomics): one task per (batch, kv head, chunk of key blocks) walks its
-// key blocks; for each, every query tile of the head group that sees it
+// key blocks (per query head instead when a GQA call has few kv heads: see
+// heads_per_task); for each, every query tile of the task's heads that sees it
 // recomputes P = exp(scale * S - lse) and dS, accumulates dK and dV for the
 // block in scratch, and adds dS K into dQ. The first chunk adds into dq
 // itself; later chunks (there are some only when B * Hkv is too small to
@@ -98,12 +99,29 @@ ChunkPlan plan_chunks(const FlashParams& p, int BQ, int Dp, int64_t n_chunks) {
     return plan;
 }
 
-// Enough chunks to keep a few cores busy when B * Hkv is small, as long as
-// their partials fit the budget.
-ChunkPlan choose_chunks(const FlashParams& p, int BQ, int Dp) {
-    const int64_t kv_heads = int64_t(p.B) * p.Hkv;
+// Tasks a call aims for, whatever the thread count (results depend on the
+// shape alone).
+constexpr int64_t kTargetTasks = 16;
+
+// Query heads per task: a kv head's whole group, so that each key block is
+// laid out once and its dK, dV stay in cache across the group; or, when
+// there are too few kv heads to make kTargetTasks and the dK, dV partials fit
+// the budget, one head each, its dK, dV summed over the group at the end.
+// Then a GQA call splits like the MHA call of the same H (the same dQ
+// partials), instead of cutting each kv head's keys into more chunks.
+int heads_per_task(const FlashParams& p) {
+    const double partial_bytes = 8.0 * p.B * p.H * double(p.Tk) * p.D;
+    if (p.group == 1 || int64_t(p.B) * p.Hkv >= kTargetTasks || partial_bytes > kPartialBudgetBytes)
+        return p.group;
+    return 1;
+}
+
+// Enough chunks to keep a few cores busy when there are few tasks of
+// `heads` query heads each, as long as their partials fit the budget.
+ChunkPlan choose_chunks(const FlashParams& p, int BQ, int Dp, int heads) {
+    const int64_t units = int64_t(p.B) * p.H / heads;
     const int64_t kblocks = (int64_t(p.Tk) + kBlockK - 1) / kBlockK;
-    for (int64_t n = std::min<int64_t>((16 + kv_heads - 1) / kv_heads, kblocks);; --n) {
+    for (int64_t n = std::min<int64_t>((kTargetTasks + units - 1) / units, kblocks);; --n) {
         ChunkPlan plan = plan_chunks(p, BQ, Dp, std::max<int64_t>(n, 1));
         const double bytes = 4.0 * p.B * p.H * double(plan.partial_rows) * Dp;
         if (n <= 1 || bytes <= kPartialBudgetBytes) return plan;
@@ -211,6 +229,8 @@ struct Context {
     float* partial;      // (B, H, partial_rows, Dp)
     int64_t partial_rows;
     int BQ, Dp;
+    int heads;           // query heads per task (heads_per_task)
+    float* dkv_partial;  // heads < group: (2, B, H, Tk, D), each head's dK then dV
 };
 
 // The key block's operands, from keys [j0, j0 + nk): K^T and V^T (D x BK,
@@ -317,14 +337,28 @@ void query_tile(const Context& cx, const KeyBlock& kb, const float* q0, const fl
         gemm<false>(nq, Dp, nk, dS, kBlockK, kb.Kp, Dp, dq, ldq, nullptr, true);
 }
 
-void chunk_task(const Context& cx, int64_t b, int64_t hk, const Chunk& ch) {
+// Query heads [heads0, heads0 + cx.heads) of batch b against the keys of
+// chunk ch; their dK, dV go to dk and dv, or (one head of a group) to the
+// head's partial.
+void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
     const FlashParams& p = cx.p;
     const BackwardIO& io = cx.io;
     const int D = p.D, Dp = cx.Dp;
+    const int64_t hk = heads0 / p.group;
     const float* k0 = io.k + b * p.k.b + hk * p.k.h;
     const float* v0 = io.v + b * p.v.b + hk * p.v.h;
-    float* dk0 = io.dk + b * p.dk.b + hk * p.dk.h;
-    float* dv0 = io.dv + b * p.dv.b + hk * p.dv.h;
+    float *dk0, *dv0;
+    int64_t lddk;
+    if (cx.heads == p.group) {
+        dk0 = io.dk + b * p.dk.b + hk * p.dk.h;
+        dv0 = io.dv + b * p.dv.b + hk * p.dv.h;
+        lddk = p.dk.t;  // dv's row stride is the same: both are contiguous
+    } else {
+        const size_t head = size_t(b * p.H + heads0), all = size_t(p.B) * p.H;
+        dk0 = cx.dkv_partial + head * size_t(p.Tk) * D;
+        dv0 = cx.dkv_partial + (all + head) * size_t(p.Tk) * D;
+        lddk = D;
+    }
 
     float* Kt = scratch(size_t(D) * kBlockK, 0);
     float* Vt = scratch(size_t(D) * kBlockK, 1);
@@ -334,7 +368,7 @@ void chunk_task(const Context& cx, int64_t b, int64_t hk, const Chunk& ch) {
 
     // Where each head's dQ goes: rows [row0, row1) of dq itself (all of it
     // zeroed first, as the other chunks only add), or of this chunk's partial.
-    const int64_t heads0 = hk * p.group, heads1 = heads0 + p.group;
+    const int64_t heads1 = heads0 + cx.heads;
     auto dq_of = [&](int64_t h, int64_t& ld) -> float* {
         if (ch.offset < 0) {
             ld = p.dq.t;
@@ -374,8 +408,8 @@ void chunk_task(const Context& cx, int64_t b, int64_t hk, const Chunk& ch) {
             }
         }
         for (int j = 0; j < nk; ++j) {
-            std::memcpy(dk0 + (j0 + j) * p.dk.t, dK + j * Dp, sizeof(float) * D);
-            std::memcpy(dv0 + (j0 + j) * p.dv.t, dV + j * Dp, sizeof(float) * D);
+            std::memcpy(dk0 + (j0 + j) * lddk, dK + j * Dp, sizeof(float) * D);
+            std::memcpy(dv0 + (j0 + j) * lddk, dV + j * Dp, sizeof(float) * D);
         }
     }
 }
@@ -411,6 +445,35 @@ void sum_partials(const Context& cx, const ChunkPlan& plan) {
     });
 }
 
+// dk, dv of each kv head = the sum of its group's per-head partials, in head
+// order.
+void sum_dkv_partials(const Context& cx) {
+    const FlashParams& p = cx.p;
+    const int D = p.D;
+    const int64_t rows_per_task = 256;
+    const int64_t tasks_per_head = (int64_t(p.Tk) + rows_per_task - 1) / rows_per_task;
+    const size_t all = size_t(p.B) * p.H;
+    parallel_for(int64_t(p.B) * p.Hkv * tasks_per_head, [&](int64_t t) {
+        const int64_t bk = t / tasks_per_head, b = bk / p.Hkv, hk = bk % p.Hkv;
+        const int64_t j0 = t % tasks_per_head * rows_per_task;
+        const int64_t j1 = std::min<int64_t>(j0 + rows_per_task, p.Tk);
+        for (int which = 0; which < 2; ++which) {
+            float* out = (which == 0 ? cx.io.dk + b * p.dk.b + hk * p.dk.h
+                                     : cx.io.dv + b * p.dv.b + hk * p.dv.h);
+            const float* part = cx.dkv_partial + (which * all + size_t(b * p.H + hk * p.group)) *
+                                                     size_t(p.Tk) * D;
+            for (int64_t j = j0; j < j1; ++j) {
+                float* dst = out + j * p.dk.t;
+                std::memcpy(dst, part + j * D, sizeof(float) * D);
+                for (int g = 1; g < p.group; ++g) {
+                    const float* add = part + (size_t(g) * p.Tk + size_t(j)) * D;
+                    for (int d = 0; d < D; ++d) dst[d] += add[d];
+                }
+            }
+        }
+    });
+}
+
 }  // namespace
 
 void attention_backward(const FlashParams& p, const BackwardIO& io) {
@@ -419,17 +482,22 @@ void attention_backward(const FlashParams& p, const BackwardIO& io) {
     AlignedBuffer delta(size_t(p.B) * p.H * size_t(p.Tq));
     row_deltas(p, io, delta.data());
 
-    const ChunkPlan plan = choose_chunks(p, BQ, Dp);
+    const int heads = heads_per_task(p);
+    const ChunkPlan plan = choose_chunks(p, BQ, Dp, heads);
     AlignedBuffer partial(size_t(p.B) * p.H * size_t(plan.partial_rows) * Dp);
-    const Context cx{p, io, delta.data(), partial.data(), plan.partial_rows, BQ, Dp};
+    AlignedBuffer dkv_partial(heads < p.group ? 2 * size_t(p.B) * p.H * size_t(p.Tk) * p.D : 0);
+    const Context cx{p,  io,          delta.data(), partial.data(), plan.partial_rows,
+                     BQ, Dp,          heads,        dkv_partial.data()};
 
-    const int64_t kv_heads = int64_t(p.B) * p.Hkv;
+    const int64_t units = int64_t(p.B) * p.H / heads;
     const int64_t n_chunks = int64_t(plan.chunks.size());
-    parallel_for(kv_heads * n_chunks, [&](int64_t t) {
-        const int64_t c = t / kv_heads, bh = t % kv_heads;
-        chunk_task(cx, bh / p.Hkv, bh % p.Hkv, plan.chunks[size_t(c)]);
+    parallel_for(units * n_chunks, [&](int64_t t) {
+        const int64_t c = t / units, u = t % units;
+        const int64_t per_batch = p.H / heads;
+        chunk_task(cx, u / per_batch, u % per_batch * heads, plan.chunks[size_t(c)]);
     });
     if (plan.partial_rows > 0) sum_partials(cx, plan);
+    if (heads < p.group) sum_dkv_partials(cx);
 }
 
 }  // namespace flashattn::cpu::FLASHATTN_CPU_ISA
