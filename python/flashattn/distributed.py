@@ -99,7 +99,9 @@ def _agree(fn, comm, arrays, causal, window, scale, layout, backend):
     for r, (error, _, _) in enumerate(everyone):
         if error is not None:
             kind, message = error
-            raise kind(f"{message} (on rank {r} of {size})")
+            where = f"rank {r} of {size}"
+            raise kind(f"{message} (on {where})" if message.startswith(fn) else
+                       f"{fn} ({where}): {message}")
     for r, (_, meta, _) in enumerate(everyone):
         for key, value in meta.items():
             if value != everyone[0][1][key]:

@@ -145,8 +145,9 @@ def run_case(case: RingCase, comm) -> dict | None:
 
 
 def fail_mid_ring(comm, fail_rank: int) -> None:
-    """Rank ``fail_rank`` raises at its second engine call (step 1), while
-    the others wait for its messages: ring_attention must abort them all."""
+    """Rank ``fail_rank`` raises at its first engine call (step 0), so it
+    never forwards the next shard and rank fail_rank + 1 would wait for it
+    forever: ring_attention must abort them all."""
     import flashattn._ring as ring
 
     if comm.Get_rank() == fail_rank:
@@ -154,7 +155,7 @@ def fail_mid_ring(comm, fail_rank: int) -> None:
 
         def failing(*args, **kwargs):
             calls.append(1)
-            if len(calls) == 2:
+            if len(calls) == 1:
                 raise RuntimeError("injected failure for the abort test")
             return real(*args, **kwargs)
 
@@ -166,24 +167,25 @@ def fail_mid_ring(comm, fail_rank: int) -> None:
 
 
 def bad_args(comm) -> None:
-    """Rank 1 passes a wrong argument; every rank must raise, naming rank 1."""
+    """Rank 1 passes a wrong argument; every rank must raise, naming rank 1.
+    Rank 0 prints every rank's lines (gathered, so they do not interleave)."""
     rank = comm.Get_rank()
     q, k, v, _ = helpers.inputs(helpers.Case(1, 16, 16, 2, 2, 8), seed=2)
     ql, kl, vl = (fd.shard(x) for x in (q, k, v))
-    for what, args in (("dtype", (ql, kl.astype(np.float64) if rank == 1 else kl, vl)),
-                       ("head size", (ql[..., :4] if rank == 1 else ql,
-                                      kl[..., :4] if rank == 1 else kl,
-                                      vl[..., :4] if rank == 1 else vl))):
+    bad = rank == 1
+    calls = [("dtype", (ql, kl.astype(np.float64) if bad else kl, vl), {}),
+             ("head size", tuple(x[..., :4] if bad else x for x in (ql, kl, vl)), {}),
+             ("layout", (ql, kl, vl), {"layout": "zigzag" if bad else "contiguous"})]
+    lines = []
+    for what, args, kwargs in calls:
         try:
-            fd.ring_attention(*args)
-            print(f"rank {rank} {what}: no error", flush=True)
+            fd.ring_attention(*args, **kwargs)
+            lines.append(f"rank {rank} {what}: no error")
         except (TypeError, ValueError) as e:
-            print(f"rank {rank} {what}: {type(e).__name__}: {e}", flush=True)
-    try:
-        fd.ring_attention(ql, kl, vl, layout="zigzag" if rank == 1 else "contiguous")
-        print(f"rank {rank} layout: no error", flush=True)
-    except ValueError as e:
-        print(f"rank {rank} layout: ValueError: {e}", flush=True)
+            lines.append(f"rank {rank} {what}: {type(e).__name__}: {e}")
+    everyone = comm.gather(lines)
+    if rank == 0:
+        print("\n".join(line for mine in everyone for line in mine), flush=True)
 
 
 def main(argv: list[str]) -> int:
