@@ -31,9 +31,11 @@ _TAG_KV, _TAG_DKV = 1801, 1802
 
 
 class Stats:
-    """Seconds spent per kind of work on this rank (for the demo and bench)."""
+    """Seconds spent per kind of work on this rank (for the demo and bench).
+    ``dry``: leave the engine calls out, to time the communication alone."""
 
-    def __init__(self):
+    def __init__(self, dry: bool = False):
+        self.dry = dry
         self.compute = 0.0  # engine calls and merges
         self.wait = 0.0  # blocked in MPI waits: communication not hidden
         self.total = 0.0
@@ -91,7 +93,7 @@ def forward(MPI, comm, q, k, v, q_len, kv_len, layout, band, scale, backend, sta
         kv = ring.view(step, kv_len[src])
         t = time.perf_counter()
         kv_segs = plan.segments(layout, kv_len, src)
-        calls = plan.blocks(q_segs, kv_segs, Tq, Tk, band)
+        calls = [] if stats.dry else plan.blocks(q_segs, kv_segs, Tq, Tk, band)
         for r0, r1, k0, k1, window in calls:
             o_b, lse_b = attention(q[:, r0:r1], kv[0][:, k0:k1], kv[1][:, k0:k1], window=window,
                                    scale=scale, return_lse=True, backend=backend)
@@ -132,7 +134,7 @@ def backward(MPI, comm, do, q, k, v, o, lse, q_len, kv_len, layout, band, scale,
         dkv = np.zeros((2, B, n, Hkv, D), np.float32)
         t = time.perf_counter()
         kv_segs = plan.segments(layout, kv_len, src)
-        calls = plan.blocks(q_segs, kv_segs, Tq, Tk, band)
+        calls = [] if stats.dry else plan.blocks(q_segs, kv_segs, Tq, Tk, band)
         for r0, r1, k0, k1, window in calls:
             dq_b, dk_b, dv_b = attention_backward(
                 do[:, r0:r1], q[:, r0:r1], kv[0][:, k0:k1], kv[1][:, k0:k1], o[:, r0:r1],

@@ -45,10 +45,15 @@ needs_mpi = pytest.mark.skipif(MPI_MISSING is not None, reason=str(MPI_MISSING))
 
 
 def _launch(ranks: int, *args: str, timeout: float) -> subprocess.CompletedProcess:
-    """mpiexec -n ranks python ring_worker.py args, killed as a whole
-    (process group) if it outlives ``timeout``: then the test fails."""
+    """mpiexec -n ranks python ring_worker.py args (see _mpirun)."""
+    return _mpirun(ranks, [str(WORKER), *args], timeout=timeout)
+
+
+def _mpirun(ranks: int, python_args: list, *, timeout: float) -> subprocess.CompletedProcess:
+    """mpiexec -n ranks python python_args, killed as a whole (process
+    group) if it outlives ``timeout``: then the test fails."""
     env = dict(os.environ, PYTHONPATH=str(HERE))
-    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, str(WORKER), *args]
+    cmd = [_mpiexec(), "-n", str(ranks), sys.executable, *python_args]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             cwd=HERE, env=env, start_new_session=True)
     try:
@@ -121,6 +126,19 @@ def test_a_bad_argument_on_one_rank_raises_on_every_rank():
         assert ("ValueError: ring_attention: the ranks disagree on B, H, D of q: rank 0 has "
                 "(1, 2, 8), rank 1 has (1, 2, 4)") in heads
         assert "the ranks disagree on layout: rank 0 has 'contiguous', rank 1 has 'zigzag'" in layout
+
+
+@needs_mpi
+def test_the_readme_demo_runs():
+    """The README's command, smaller: each rank's line, and the error against
+    one process under the demo's limit."""
+    r = _mpirun(3, ["-m", "flashattn.distributed", "demo", "--seq", "300", "--heads", "4",
+                    "--kv-heads", "2", "--dim", "16"], timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "ring attention over 3 rank(s)" in r.stdout
+    for rank in range(3):
+        assert f"rank   {rank}  rows" in r.stdout and "peak RSS" in r.stdout
+    assert "verdict: PASS" in r.stdout, r.stdout
 
 
 def test_imports_without_mpi4py_and_says_how_to_install():
