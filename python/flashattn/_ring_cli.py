@@ -88,6 +88,12 @@ def _parser(command: str) -> argparse.ArgumentParser:
     if command == "bench":
         p.add_argument("--no-backward", dest="backward", action="store_false")
         p.add_argument("--json", default=None, help="also write rank 0's summary here")
+        p.add_argument("--mem-limit", type=positive_int, default=None, metavar="MIB",
+                       help="cap each process's private writable memory (RLIMIT_DATA, "
+                       "Linux) at this many MiB before the inputs are made")
+        p.add_argument("--single", action="store_true",
+                       help="no MPI: one process runs fa.attention and its backward on the "
+                       "whole sequence (the comparison for --mem-limit)")
     return p
 
 
@@ -174,10 +180,53 @@ def demo(argv) -> int:
     return 0 if ok else 1
 
 
+def _limit_memory(mib: int | None) -> None:
+    if mib is not None:
+        limit = mib * 2**20
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def _vm_data() -> int | None:
+    """Private writable memory mapped now (what RLIMIT_DATA caps), Linux only."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmData:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def bench_single(argv) -> int:
+    """One process, the whole sequence, under the same memory cap."""
+    import flashattn as fa
+
+    args = _parser("bench").parse_args(argv)
+    fa.set_num_threads(args.threads or os.cpu_count() or 1)
+    _limit_memory(args.mem_limit)
+    opts = dict(causal=args.causal, window=tuple(args.window), backend=args.backend)
+    result = {"single": True, "T": args.seq, "mem_limit_mib": args.mem_limit}
+    try:
+        q, k, v, do = _inputs(args, None, 1)
+        t = time.perf_counter()
+        o, lse = fa.attention(q, k, v, return_lse=True, **opts)
+        if args.backward:
+            fa.attention_backward(do, q, k, v, o, lse, **opts)
+        result.update(seconds=time.perf_counter() - t, peak_rss_bytes=_peak_rss())
+    except MemoryError as e:
+        result.update(error=f"MemoryError: {e}", peak_rss_bytes=_peak_rss())
+    print(json.dumps(result))
+    return 0
+
+
 def bench(argv) -> int:
     import flashattn as fa
 
+    if "--single" in argv:
+        return bench_single(argv)
     args, comm, rank, size, threads = _setup(argv, "bench")
+    _limit_memory(args.mem_limit)
     q, k, v, do = _inputs(args, rank, size)
     inputs_rss = _peak_rss()
     _run_ring(args, comm, q, k, v, do, args.backward, False)  # warm-up
@@ -189,18 +238,17 @@ def bench(argv) -> int:
             "bwd_s": s_b.total, "bwd_wait_s": s_b.wait, "bwd_compute_s": s_b.compute,
             "comm_alone_fwd_s": d_f.total, "comm_alone_bwd_s": d_b.total,
             "blocks": s_f.blocks, "skipped": s_f.skipped,
-            "peak_rss_bytes": rss, "rss_after_inputs_bytes": inputs_rss}
+            "received_bytes": s_f.received + s_b.received, "hidden_bytes": s_f.hidden + s_b.hidden,
+            "peak_rss_bytes": rss, "rss_after_inputs_bytes": inputs_rss,
+            "vm_data_bytes": _vm_data()}
     everyone = comm.gather(mine)
     if rank != 0:
         return 0
     summary = {"P": size, "T": args.seq, "B": args.batch, "H": args.heads, "Hkv": args.kv_heads,
                "D": args.dim, "causal": args.causal, "window": list(args.window),
                "layout": args.layout, "backend": args.backend or fa.backends()[0],
-               "cores": os.cpu_count(), "ranks": everyone}
+               "cores": os.cpu_count(), "mem_limit_mib": args.mem_limit, "ranks": everyone}
     for r in everyone:
-        exposed = r["fwd_wait_s"] + r["bwd_wait_s"]
-        alone = r["comm_alone_fwd_s"] + r["comm_alone_bwd_s"]
-        r["hidden_fraction"] = (max(0.0, 1 - exposed / alone) if alone > 0 else None)
         print(json.dumps(r))
     if args.json:
         with open(args.json, "w") as f:
