@@ -12,7 +12,12 @@ flashattn.distributed bench ...`` for each P and prints two tables:
     python bench/bench_ring.py --quick      # smaller sizes, for a smoke run
 
 Every rank runs the cpu engine with cores / P threads (at least 1); when P
-exceeds the cores, the ranks share them, and time per rank says so.
+exceeds the cores, the ranks share them. Columns: time (the slowest rank's
+wall time), compute (its time in engine calls and merges), waiting (its time
+blocked in MPI waits: messages not yet in, or a slower neighbour), comm alone
+(the same ring with the engine calls left out), bytes hidden (the share of
+received bytes that were complete when the compute of their step ended),
+CPU s (process CPU time summed over the ranks: the total work).
 """
 
 from __future__ import annotations
@@ -63,8 +68,9 @@ def _ranks_row(s: dict) -> tuple:
     received = sum(r["received_bytes"] for r in ranks)
     hidden = sum(r["hidden_bytes"] for r in ranks)
     rss = max(r["peak_rss_bytes"] for r in ranks)
+    cpu = sum(r["cpu_s"] for r in ranks)
     share = f"{hidden / received:.0%}" if received else "-"
-    return total, compute, wait, alone, share, rss
+    return total, compute, wait, alone, share, rss, cpu
 
 
 def memory_table(args) -> None:
@@ -89,7 +95,7 @@ def memory_table(args) -> None:
         if "error" in s:
             print(f"| {P} ranks, T/{P} each | yes | {s['error']} | - | - |")
             continue
-        total, _, _, _, _, rss = _ranks_row(s)
+        total, _, _, _, _, rss, _ = _ranks_row(s)
         print(f"| {P} ranks, T/{P} each | yes | ok | {total:.2f} | {_mib(rss)} |")
 
 
@@ -100,15 +106,15 @@ def scaling_table(args) -> None:
     print(f"\n2. scaling: B=1 T={T} H=8 Hkv=2 D=64 causal, zigzag, forward + backward, "
           f"{os.cpu_count()} cores")
     print("| P | threads/rank | time s | compute s | waiting s | comm alone s | bytes hidden | "
-          "peak RSS MiB |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+          "CPU s, all ranks | peak RSS MiB |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for P in (1, 2, 4):
         print(f"  running P={P} ...", file=sys.stderr)
         s = _run(P, shape)
-        total, compute, wait, alone, share, rss = _ranks_row(s)
+        total, compute, wait, alone, share, rss, cpu = _ranks_row(s)
         threads = s["ranks"][0]["threads"]
         print(f"| {P} | {threads} | {total:.2f} | {compute:.2f} | {wait:.3f} | {alone:.3f} | "
-              f"{share} | {_mib(rss)} |")
+              f"{share} | {cpu:.2f} | {_mib(rss)} |")
 
 
 def main() -> int:
@@ -119,7 +125,7 @@ def main() -> int:
     p.add_argument("--mem-limit", type=int, default=768, help="MiB per process")
     args = p.parse_args()
     if args.quick:
-        args.seq, args.mem_seq, args.mem_limit = 1024, 65536, 200
+        args.seq, args.mem_seq, args.mem_limit = 1024, 65536, 260
     memory_table(args)
     scaling_table(args)
     return 0
