@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import sys
 import traceback
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,8 @@ from . import _ring_comm
 __all__ = ["ring_attention", "ring_attention_backward", "shard", "gather"]
 
 
-def shard(x, comm=None, layout="contiguous", axis=1):
+def shard(x: np.ndarray, comm: Any = None, layout: str = "contiguous",
+          axis: int = 1) -> np.ndarray:
     """This rank's part of the full array ``x`` (the same on every rank), a
     copy: ``layout="contiguous"``, the rank-th of numpy.array_split's P parts
     along ``axis``; ``"zigzag"``, parts r and 2P - 1 - r of 2P, concatenated.
@@ -40,7 +42,8 @@ def shard(x, comm=None, layout="contiguous", axis=1):
     return _ring_comm.shard("shard", comm, x, layout, axis)
 
 
-def gather(x_local, comm=None, layout="contiguous", axis=1):
+def gather(x_local: np.ndarray, comm: Any = None, layout: str = "contiguous",
+           axis: int = 1) -> np.ndarray:
     """The full array on every rank, from each rank's part along ``axis``
     (contiguous parts may be of any lengths; zigzag ones as ``shard`` makes
     them). Collective: every rank calls it."""
@@ -146,8 +149,10 @@ def _run(fn, comm, body):
         ring.Free()
 
 
-def ring_attention(q, k, v, *, comm=None, causal=False, window=(-1, -1), scale=None,
-                   layout="contiguous", backend=None):
+def ring_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, comm: Any = None,
+                   causal: bool = False, window: tuple[int, int] = (-1, -1),
+                   scale: float | None = None, layout: str = "contiguous",
+                   backend: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Exact attention over the sequence split across the ranks of ``comm``.
 
     Args:
@@ -181,8 +186,12 @@ def _forward(q, k, v, comm, causal, window, scale, layout, backend, stats):
         MPI, ring, q, k, v, q_len, kv_len, layout, band, scale, backend, stats))
 
 
-def ring_attention_backward(do, q, k, v, o, lse, *, comm=None, causal=False, window=(-1, -1),
-                            scale=None, layout="contiguous", backend=None):
+def ring_attention_backward(do: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                            o: np.ndarray, lse: np.ndarray, *, comm: Any = None,
+                            causal: bool = False, window: tuple[int, int] = (-1, -1),
+                            scale: float | None = None, layout: str = "contiguous",
+                            backend: str | None = None
+                            ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Gradients of ring_attention for this rank's shard ``do`` of the
     output gradient; o and lse are this rank's outputs of ring_attention with
     the same options. Returns this rank's shards of dq, dk, dv."""
