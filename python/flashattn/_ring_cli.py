@@ -37,7 +37,8 @@ def _rows(seed: int, tensor: int, start: int, stop: int, B: int, heads: int, D: 
     for block in range(start // _BLOCK, (stop + _BLOCK - 1) // _BLOCK if stop > start else 0):
         rng = np.random.default_rng([seed, tensor, block])
         x = rng.standard_normal((B, _BLOCK, heads, D), dtype=np.float32)
-        lo, hi = max(start, block * _BLOCK) - block * _BLOCK, min(stop, (block + 1) * _BLOCK) - block * _BLOCK
+        first = block * _BLOCK
+        lo, hi = max(start, first) - first, min(stop, first + _BLOCK) - first
         parts.append(x[:, lo:hi])
     if not parts:
         return np.zeros((B, 0, heads, D), dtype)

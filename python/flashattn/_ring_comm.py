@@ -77,7 +77,8 @@ def gather(fn: str, MPI, comm, x, layout: str, axis) -> np.ndarray:
     shape0, dtype0 = metas[0]
     for r, (shape, dtype) in enumerate(metas):
         others = shape[:axis] + shape[axis + 1:]
-        if len(shape) != len(shape0) or dtype != dtype0 or others != shape0[:axis] + shape0[axis + 1:]:
+        others0 = shape0[:axis] + shape0[axis + 1:]
+        if len(shape) != len(shape0) or dtype != dtype0 or others != others0:
             raise ValueError(f"{fn}: rank {r} has x_local of shape {shape} and dtype {dtype}, "
                              f"rank 0 of shape {shape0} and dtype {dtype0}; the parts may differ "
                              f"only along axis {axis}")

@@ -62,11 +62,12 @@ def _local_checks(fn, arrays, causal, window, scale, layout, backend):
     for name, x in arrays.items():
         _args.array(fn, name, x)
         if x.ndim != (3 if name == "lse" else 4):
-            raise ValueError(f"{fn}: {name} must be {'(B, H, T_r)' if name == 'lse' else '(B, T_r, heads, D)'}, "
-                             f"this rank's shard; got shape {x.shape}")
+            want = "(B, H, T_r)" if name == "lse" else "(B, T_r, heads, D)"
+            raise ValueError(f"{fn}: {name} must be {want}, this rank's shard; got shape {x.shape}")
     q, k, v = arrays["q"], arrays["k"], arrays["v"]
     if k.shape[1] != v.shape[1]:
-        raise ValueError(f"{fn}: k and v must hold the same keys, got shapes {k.shape} and {v.shape}")
+        raise ValueError(f"{fn}: k and v must hold the same keys, got shapes {k.shape} and "
+                         f"{v.shape}")
     empty = dict(causal=causal, window=window, scale=scale, backend=backend)
     if "do" in arrays:
         do, o, lse = arrays["do"], arrays["o"], arrays["lse"]
@@ -96,7 +97,9 @@ def _agree(fn, comm, arrays, causal, window, scale, layout, backend):
                                                             layout, backend)
         mine = (None, meta, lengths)
     except (TypeError, ValueError, RuntimeError) as e:
-        mine = ((type(e), str(e)), None, None)
+        # Built-in classes only: they pickle and take one message everywhere.
+        kind = next(c for c in (TypeError, ValueError, RuntimeError) if isinstance(e, c))
+        mine = ((kind, str(e)), None, None)
     everyone = comm.allgather(mine)
     size = len(everyone)
     for r, (error, _, _) in enumerate(everyone):

@@ -183,6 +183,11 @@ def bad_args(comm) -> None:
             lines.append(f"rank {rank} {what}: no error")
         except (TypeError, ValueError) as e:
             lines.append(f"rank {rank} {what}: {type(e).__name__}: {e}")
+    try:
+        fd.gather(ql[..., :4] if bad else ql)
+        lines.append(f"rank {rank} gather: no error")
+    except ValueError as e:
+        lines.append(f"rank {rank} gather: ValueError: {e}")
     everyone = comm.gather(lines)
     if rank == 0:
         print("\n".join(line for mine in everyone for line in mine), flush=True)

@@ -120,12 +120,15 @@ def test_a_bad_argument_on_one_rank_raises_on_every_rank():
     lines = r.stdout.splitlines()
     for rank in (0, 1):
         mine = [line for line in lines if line.startswith(f"rank {rank} ")]
-        assert len(mine) == 3, r.stdout
-        dtype, heads, layout = mine
+        assert len(mine) == 4, r.stdout
+        dtype, heads, layout, gather = mine
         assert "TypeError: ring_attention (rank 1 of 2): attention: k must be float32" in dtype
         assert ("ValueError: ring_attention: the ranks disagree on B, H, D of q: rank 0 has "
                 "(1, 2, 8), rank 1 has (1, 2, 4)") in heads
-        assert "the ranks disagree on layout: rank 0 has 'contiguous', rank 1 has 'zigzag'" in layout
+        assert ("the ranks disagree on layout: rank 0 has 'contiguous', rank 1 has 'zigzag'"
+                in layout)
+        assert ("ValueError: gather: rank 1 has x_local of shape (1, 8, 2, 4) and dtype <f4, "
+                "rank 0 of shape (1, 8, 2, 8)") in gather
 
 
 @needs_mpi

@@ -75,7 +75,8 @@ def test_layouts_cover_the_sequence_once(size, total):
 
 
 def test_zigzag_lengths_are_checked():
-    with pytest.raises(ValueError, match=r"ring_attention: layout='zigzag' .* got q shard lengths \[6, 4\]"):
+    with pytest.raises(ValueError,
+                       match=r"ring_attention: layout='zigzag' .* got q shard lengths \[6, 4\]"):
         # 10 rows in 4 chunks of 3, 3, 2, 2: rank 0 holds 3 + 2, rank 1 3 + 2
         plan.check_lengths("ring_attention", "q", "zigzag", [6, 4])
 
