@@ -206,8 +206,9 @@ def backward(MPI, comm, do, q, k, v, o, lse, q_len, kv_len, layout, band, scale,
             else:
                 mine = dkv
     if size > 1:
-        # The last holder of this rank's shard sends the finished accumulator home.
-        mine = np.empty((2, B, kv_len[rank], Hkv, D), np.float32)
+        # The last holder of this rank's shard sends the finished accumulator
+        # home, into the buffer that is free now.
+        mine = dkv_view(arriving, kv_len[rank])
         done = [comm.Irecv(raw(mine), source=left, tag=_TAG_DKV)]
         _wait(MPI, done + [r for r, _ in sending], stats, mine.nbytes)
     stats.total += time.perf_counter() - start

@@ -30,19 +30,18 @@ from ._cli_args import positive_int
 _BLOCK = 256  # rows per seeded block of the synthetic inputs
 
 
-def _rows(seed: int, tensor: int, start: int, stop: int, B: int, heads: int, D: int, dtype):
-    """Rows [start, stop) of a (B, T, heads, D) standard-normal array whose
-    rows come in seeded blocks: the same values whichever rank makes them."""
-    parts = []
-    for block in range(start // _BLOCK, (stop + _BLOCK - 1) // _BLOCK if stop > start else 0):
+def _fill_rows(out: np.ndarray, seed: int, tensor: int, start: int) -> None:
+    """Fills ``out`` (B, n, heads, D) with rows [start, start + n) of a
+    standard-normal array whose rows come in seeded blocks: the same values
+    whichever rank makes them, and no temporary larger than one block."""
+    B, n, heads, D = out.shape
+    stop = start + n
+    for block in range(start // _BLOCK, (stop + _BLOCK - 1) // _BLOCK if n else 0):
         rng = np.random.default_rng([seed, tensor, block])
         x = rng.standard_normal((B, _BLOCK, heads, D), dtype=np.float32)
         first = block * _BLOCK
-        lo, hi = max(start, first) - first, min(stop, first + _BLOCK) - first
-        parts.append(x[:, lo:hi])
-    if not parts:
-        return np.zeros((B, 0, heads, D), dtype)
-    return np.ascontiguousarray(np.concatenate(parts, axis=1), dtype=dtype)
+        lo, hi = max(start, first), min(stop, first + _BLOCK)
+        out[:, lo - start:hi - start] = x[:, lo - first:hi - first]
 
 
 def _shard_lengths(layout: str, T: int, size: int) -> list[int]:
@@ -60,8 +59,10 @@ def _inputs(args, rank: int, size: int):
         segs = plan.segments(args.layout, _shard_lengths(args.layout, T, size), rank)
 
     def make(tensor, heads):
-        return np.concatenate([_rows(args.seed, tensor, s.start, s.start + s.length, B, heads, D,
-                                     np.float32) for s in segs], axis=1)
+        x = np.empty((B, sum(s.length for s in segs), heads, D), np.float32)
+        for s in segs:
+            _fill_rows(x[:, s.local:s.local + s.length], args.seed, tensor, s.start)
+        return x
 
     return make(0, H), make(1, Hkv), make(2, Hkv), make(3, H)
 
