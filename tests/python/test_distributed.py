@@ -144,6 +144,20 @@ def test_the_readme_demo_runs():
     assert "verdict: PASS" in r.stdout, r.stdout
 
 
+@needs_mpi
+def test_torch_ring_attention_is_differentiable():
+    """flashattn.torch.ring_attention under mpiexec -n 3: autograd gives
+    exactly flashattn.distributed's gradients."""
+    pytest.importorskip("torch", reason="torch is in the torch extra (CI installs it)")
+    r = _launch(3, "--torch", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = [line for line in r.stdout.splitlines() if line.startswith("torch rank")]
+    assert len(lines) == 3, r.stdout
+    for line in lines:
+        assert "same as flashattn.distributed: True" in line, line
+        assert float(line.rsplit(" ", 1)[1]) < 1e-5, line
+
+
 def test_imports_without_mpi4py_and_says_how_to_install():
     code = (
         "import sys; sys.modules['mpi4py'] = None\n"
