@@ -101,6 +101,8 @@ def run_case(case: RingCase, comm) -> dict | None:
                  and [g.shape for g in grads_l] == [ql.shape, kl.shape, vl.shape])
     o = fd.gather(o_l, layout=case.layout)
     lse = fd.gather(lse_l, layout=case.layout, axis=2)
+    if not case.uneven:  # shard along lse's sequence axis gives this rank's part back
+        shapes_ok = shapes_ok and np.array_equal(fd.shard(lse, layout=case.layout, axis=2), lse_l)
     grads = [fd.gather(g, layout=case.layout) for g in grads_l]
     if rank != 0:
         return None
@@ -109,7 +111,8 @@ def run_case(case: RingCase, comm) -> dict | None:
               "ratio": {}, "diff_vs_single": {}}
     if not shapes_ok:
         record["ok"] = False
-        record["errors"].append("local result shapes differ from the shards'")
+        record["errors"].append("local result shapes differ from the shards', or "
+                                "fd.shard(gathered lse, axis=2) is not the local lse")
     single_o, single_lse = fa.attention(q, k, v, return_lse=True, backend=case.backend, **opts)
     single_grads = fa.attention_backward(do, q, k, v, single_o, single_lse,
                                          backend=case.backend, **opts)

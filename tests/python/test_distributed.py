@@ -146,13 +146,14 @@ def test_the_readme_demo_runs():
 
 @needs_mpi
 def test_torch_ring_attention_is_differentiable():
-    """flashattn.torch.ring_attention under mpiexec -n 3: autograd gives
-    exactly flashattn.distributed's gradients."""
+    """flashattn.torch.ring_attention under mpiexec -n 2 (each rank imports
+    torch: seconds): autograd gives exactly flashattn.distributed's
+    gradients."""
     pytest.importorskip("torch", reason="torch is in the torch extra (CI installs it)")
-    r = _launch(3, "--torch", timeout=120)
+    r = _launch(2, "--torch", timeout=180)
     assert r.returncode == 0, r.stdout + r.stderr
     lines = [line for line in r.stdout.splitlines() if line.startswith("torch rank")]
-    assert len(lines) == 3, r.stdout
+    assert len(lines) == 2, r.stdout
     for line in lines:
         assert "same as flashattn.distributed: True" in line, line
         assert float(line.rsplit(" ", 1)[1]) < 1e-5, line
