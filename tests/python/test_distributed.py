@@ -54,8 +54,9 @@ def _mpirun(ranks: int, python_args: list, *, timeout: float) -> subprocess.Comp
     group) if it outlives ``timeout``: then the test fails."""
     env = dict(os.environ, PYTHONPATH=str(HERE))
     cmd = [_mpiexec(), "-n", str(ranks), sys.executable, *python_args]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=HERE, env=env, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=HERE, env=env,
+                            start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
