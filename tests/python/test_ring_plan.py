@@ -162,3 +162,28 @@ def test_blocks_merged_equal_one_call(layout, causal, window):
     np.testing.assert_allclose(lse, lse1, rtol=1e-5, atol=1e-5)
     for got, want in zip(grads, fa.attention_backward(do, q, k, v, o1, lse1, **opts)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("size", [2, 3, 4, 7])
+def test_zigzag_balances_causal_work(size):
+    """With layout='zigzag' and causal masking, every rank makes the same
+    number of engine calls over the same number of (row, key) pairs; with
+    'contiguous', the last rank has P times the first's."""
+    T = 2 * size * 16
+    band = plan.global_band(T, T, True, (-1, -1))
+
+    def work(layout):
+        lengths = ([plan.zigzag_length(T, size, r) for r in range(size)] if layout == "zigzag"
+                   else [T // size] * size)
+        per_rank = []
+        for r in range(size):
+            calls = [blk for src in range(size)
+                     for blk in plan.blocks(plan.segments(layout, lengths, r),
+                                            plan.segments(layout, lengths, src), T, T, band)]
+            per_rank.append((len(calls), sum((r1 - r0) * (k1 - k0) for r0, r1, k0, k1, _ in calls)))
+        return per_rank
+
+    zigzag = work("zigzag")
+    assert len(set(zigzag)) == 1, zigzag
+    contiguous = work("contiguous")
+    assert [n for n, _ in contiguous] == list(range(1, size + 1)), contiguous
