@@ -10,6 +10,7 @@ ever stored: memory grows with B·H·T.
 
 Differentiable wrappers, each imported only when asked for (this package
 imports no framework): flashattn.torch, flashattn.jax, flashattn.mlx.
+Ring attention across processes over MPI (mpi4py): flashattn.distributed.
 """
 
 from . import _main_interpreter  # noqa: F401  first: refuses a subinterpreter (issue 12)

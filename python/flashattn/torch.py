@@ -34,8 +34,9 @@ from ._api import attention as _np_attention
 from ._args import scale as _scale, window as _window
 from ._api import attention_backward as _np_attention_backward
 from ._api import backends as _backends
+from ._torch_ring import ring_attention  # issue 18: over MPI, flashattn.distributed
 
-__all__ = ["attention"]
+__all__ = ["attention", "ring_attention"]
 
 _LAYOUTS = ("bthd", "bhtd")
 _ENGINES = tuple(_backends())  # read once: torch.compile cannot trace into the extension
