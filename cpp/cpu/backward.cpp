@@ -402,9 +402,16 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
                 const float* do0 = io.dout + b * p.dout.b + h * p.dout.h;
                 int64_t ldq;
                 float* dq = dq_of(h, ldq);
-                for (int64_t i0 = rows.begin / cx.BQ * cx.BQ; i0 < rows.end; i0 += cx.BQ)
+                for (int64_t i0 = rows.begin / cx.BQ * cx.BQ; i0 < rows.end; i0 += cx.BQ) {
+                    // The next tile's q and do rows (a head stride apart) while this one computes.
+                    if (i0 + cx.BQ < rows.end) {
+                        const int next = int(std::min<int64_t>(cx.BQ, p.Tq - i0 - cx.BQ));
+                        prefetch_rows(q0 + (i0 + cx.BQ) * p.q.t, next, D, p.q.t);
+                        prefetch_rows(do0 + (i0 + cx.BQ) * p.dout.t, next, D, p.dout.t);
+                    }
                     query_tile(cx, block, q0, do0, io.lse + bh * p.Tq, cx.delta + bh * p.Tq, i0,
                                dq + (i0 - ch.row0) * ldq, ldq);
+                }
             }
         }
         for (int j = 0; j < nk; ++j) {
