@@ -69,6 +69,12 @@ def _backend(fn: str, backend) -> str | None:
         raise TypeError(f"{fn}: backend must be a str or None, got {type(backend).__name__}")
     available = backends()
     if backend not in available:
+        from ._engines import missing  # why a known engine is not here (metal off a Mac)
+
+        reason = missing().get(backend)
+        if reason is not None:
+            raise ValueError(f"{fn}: backend {backend!r} is not available here ({reason[0]}); "
+                             f"available here: {available}")
         raise ValueError(f"{fn}: unknown backend {backend!r}; available here: {available}")
     return backend
 

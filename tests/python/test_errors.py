@@ -202,6 +202,19 @@ def test_unknown_backend_message_starts_with_the_function(fn):
 
 
 @pytest.mark.parametrize("fn", FUNCTIONS)
+def test_a_known_engine_missing_here_says_why(fn):
+    from flashattn._engines import missing
+
+    absent = {name: why for name, (why, _) in missing().items() if name not in fa.backends()}
+    if not absent:
+        pytest.skip("every engine this build knows is available here")
+    name, why = next(iter(absent.items()))
+    with pytest.raises(ValueError, match=rf"^{fn}: backend '{name}' is not available here") as err:
+        call(fn, args_for(fn), backend=name)
+    assert why in str(err.value)
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS)
 def test_non_string_backend_is_a_type_error(fn):
     with pytest.raises(TypeError, match=rf"^{fn}: backend "):
         call(fn, args_for(fn), backend=1)
