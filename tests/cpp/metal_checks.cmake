@@ -19,7 +19,10 @@ set(_metal_common -x c++ -std=c++14 -fsyntax-only -Wall -Wextra -Werror)
 if(CMAKE_CXX_COMPILER_ID MATCHES "Clang")
   set(FLASHATTN_CLANGXX ${CMAKE_CXX_COMPILER} CACHE FILEPATH "clang++ for the strict .metal checks")
 else()
-  find_program(FLASHATTN_CLANGXX NAMES clang++ clang++-19 clang++-18 clang++-17 clang++-16 clang++-15)
+  # Newest first: the metal-sim shim's half is _Float16, which clang has on
+  # x86-64 only from clang 15 (Debian 12's plain clang++ is clang 14).
+  find_program(FLASHATTN_CLANGXX NAMES clang++-19 clang++-18 clang++-17 clang++-16 clang++-15
+                                       clang++)
 endif()
 
 foreach(src IN LISTS _metal_sources)
