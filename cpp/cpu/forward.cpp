@@ -21,6 +21,7 @@
 #include "cpu/gemm.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tiles.h"
+#include "cpu/score_mods.h"
 
 FLASHATTN_CPU_KERNELS(FLASHATTN_CPU_ISA)
 
@@ -32,15 +33,43 @@ using simd::vi;
 
 constexpr float kHeadroom = 11.0f;  // e^11: about 2^16
 
-// exp(S^T - m) as S^T leaves the registers, with each column's max score
-// and sum of exponentials folded into colmax and colsum.
+// The score options on S^T as it leaves the registers: rows are keys from
+// key0, lanes queries from query0; bias is the mask tile (row stride ld) or null.
+struct ModsEpilogue {
+    const ScoreMods* mods;  // null: plain attention
+    int64_t key0, query0;
+    const float* bias;
+    int64_t ld;
+
+    template <int MR, int NV>
+    void apply(vf (&c)[MR][NV]) const {
+        if (!mods) return;
+        const vi lane = simd::iota();
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; ++v) {
+                const int32_t diff = int32_t(query0 + v * W + mods->offset - (key0 + r));
+                c[r][v] = mods->apply(c[r][v], lane + diff,
+                                      bias ? bias + r * ld + v * W : nullptr, nullptr);
+            }
+    }
+    ModsEpilogue at(int m, int n) const {
+        return {mods, key0 + m, query0 + n, bias ? bias + m * ld + n : nullptr, ld};
+    }
+};
+
+// exp(S^T - m) as S^T leaves the registers (after the score options), with
+// each column's max score and sum of exponentials folded into colmax and colsum.
 struct ScoreEpilogue {
     const float* m;
     float* colmax;
     float* colsum;
+    ModsEpilogue mods;
 
     template <int MR, int NV>
     void apply(vf (&c)[MR][NV]) const {
+        mods.apply(c);
 #pragma GCC unroll 16
         for (int v = 0; v < NV; ++v) {
             const vf ref = simd::load(m + v * W);
@@ -57,7 +86,9 @@ struct ScoreEpilogue {
             simd::store(colsum + v * W, simd::load(colsum + v * W) + sum);
         }
     }
-    ScoreEpilogue at(int, int n) const { return {m + n, colmax + n, colsum + n}; }
+    ScoreEpilogue at(int mr, int n) const {
+        return {m + n, colmax + n, colsum + n, mods.at(mr, n)};
+    }
 };
 
 // One key block's online-softmax step on the scores S^T (nk x BQ, already
@@ -120,6 +151,9 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     float* colsum = scratch(size_t(BQ), 8);
     bool have_max = false;  // every row has seen a key: m is finite
     int lo[kBlockK], hi[kBlockK];
+    const ScoreMods mods = ScoreMods::of(p, io.score, b, h);
+    const bool masked = p.score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT);
+    float* bias = masked ? scratch(size_t(kBlockK) * BQ, 10) : nullptr;  // the mask, keys x queries
 
     // Scores stay in natural units, scale * q times k (the backward
     // recomputes them bit for bit), until m is subtracted: s - m is exact
@@ -132,13 +166,19 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
         for (int r = nq; r < BQ; ++r) Qt[d * BQ + r] = 0.0f;
     }
     std::memset(O, 0, sizeof(float) * size_t(BQ) * Dp);
-    for (int r = 0; r < BQ; ++r) m[r] = -simd::kInf, l[r] = 0.0f;
+    // A sink is one more logit, with a zero value: it starts the running
+    // max and sum (a sink of -inf, or none, starts them empty).
+    const float sink = io.score.sinks ? io.score.sinks[h] : -simd::kInf;
+    for (int r = 0; r < BQ; ++r) m[r] = sink, l[r] = sink == -simd::kInf ? 0.0f : 1.0f;
     for (int j = 0; j < kBlockK; ++j)
         for (int d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
 
     const Range keys = keys_of_rows(p, i0, i0 + nq);
     for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
         const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));
+        if (masked && !mask_tile(p, io.score, b, h, i0, nq, j0, nk, true, bias, BQ, BQ))
+            continue;  // the mask hides every score of this block
+        const ModsEpilogue mod{mods.active ? &mods : nullptr, j0, i0, bias, BQ};
         const bool full = block_inside_band(p, i0, i0 + nq, j0, j0 + nk);
         // V rows serve as the B operand in place when they need no padding.
         const float* Vb = v0 + j0 * p.v.t;
@@ -155,7 +195,7 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
                 simd::store(colsum + col, vf{});
             }
             gemm<false>(nk, BQ, D, Kb, p.k.t, Qt, BQ, ST, BQ, nullptr, false,
-                        ScoreEpilogue{m, colmax, colsum});
+                        ScoreEpilogue{m, colmax, colsum, mod});
             bool stale = false;
             for (int r = 0; r < nq; ++r) stale |= colmax[r] > m[r] + kHeadroom;
             if (!stale) {
@@ -166,7 +206,7 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
             }
         }
         // The two-pass step: S^T = K Q^T, then max, rescale and exponentials.
-        gemm<false>(nk, BQ, D, Kb, p.k.t, Qt, BQ, ST, BQ, nullptr, false);
+        gemm<false>(nk, BQ, D, Kb, p.k.t, Qt, BQ, ST, BQ, nullptr, false, mod);
         if (!full)
             for (int j = 0; j < nk; ++j) key_columns(p, j0 + j, i0, nq, lo[j], hi[j]);
         online_softmax(ST, nk, BQ, full, lo, hi, m, l, corr);
@@ -188,11 +228,11 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
         // Geometry, and then l, decide: a NaN or +inf score makes l NaN, and
         // that row's output must say so; l == 0 means every score it saw was
         // -inf, so every key dropped out and it is a row that sees no key.
-        if (row_sees_keys(p, i0 + r) && l[r] != 0.0f) {
+        if ((row_sees_keys(p, i0 + r) || io.score.sinks) && l[r] != 0.0f) {
             const float inv = 1.0f / l[r];
             for (int d = 0; d < D; ++d) dst[d] = O[r * Dp + d] * inv;
             lse0[i0 + r] = m[r] + std::log(l[r]);
-        } else {  // a row that sees no key
+        } else {  // a row that sees no key (nor a sink)
             for (int d = 0; d < D; ++d) dst[d] = 0.0f;
             lse0[i0 + r] = -simd::kInf;
         }
