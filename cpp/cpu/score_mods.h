@@ -14,29 +14,32 @@
 
 namespace flashattn::cpu::FLASHATTN_CPU_ISA {
 
-// tanh to about 4 ulps (|error| < 1.3e-7): near 0, Eigen's rational fit
-// (1 - 2 / (e^2x + 1) cancels there); beyond, that formula with exp2, which
-// saturates to +-1 correctly (e^2x = inf gives 1).
+using simd::vi;
+
+// tanh to about 4 ulps (|error| < 1.3e-7) with one division: near 0,
+// Eigen's rational fit (the exponential form cancels there); beyond,
+// (e - 1) / (e + 1) with e = exp(2|x|), |x| capped at 9 where tanh rounds
+// to 1 (and inf / inf would be NaN). NaN passes through (min keeps it).
 inline vf tanh(vf x) {
     const vf ax = simd::select(x < simd::splat(0.0f), -x, x);
-    const vf xc = simd::min(ax, simd::splat(0.625f));
-    const vf x2 = xc * xc;
+    const vi small = ax < simd::splat(0.625f);
+    const vf x2 = ax * ax;
     vf num = simd::fma(x2, simd::splat(-2.76076847742355e-16f), simd::splat(2.00018790482477e-13f));
     num = simd::fma(x2, num, simd::splat(-8.60467152213735e-11f));
     num = simd::fma(x2, num, simd::splat(5.12229709037114e-08f));
     num = simd::fma(x2, num, simd::splat(1.48572235717979e-05f));
     num = simd::fma(x2, num, simd::splat(6.37261928875436e-04f));
     num = simd::fma(x2, num, simd::splat(4.89352455891786e-03f));
-    num = xc * num;
+    num = ax * num;
     vf den = simd::fma(x2, simd::splat(1.19825839466702e-06f), simd::splat(1.18534705686654e-04f));
     den = simd::fma(x2, den, simd::splat(2.26843463243900e-03f));
     den = simd::fma(x2, den, simd::splat(4.89352518554385e-03f));
-    const vf small = num / den;
-    const vf large = simd::splat(1.0f) - simd::splat(2.0f) / (simd::exp2(ax * simd::splat(2.0f * kLog2e)) + simd::splat(1.0f));
-    const vf t = simd::select(ax < simd::splat(0.625f), small, large);
-    // Sign of x back on (and NaN through: ax < 0.625 fails, large is NaN).
+    const vf e = simd::exp2(simd::min(simd::splat(9.0f), ax) * simd::splat(2.0f * kLog2e));
+    const vf t = simd::select(small, num, e - simd::splat(1.0f)) /
+                 simd::select(small, den, e + simd::splat(1.0f));
+    // The sign of x back on.
     return simd::bits_to_float(simd::float_to_bits(t) |
-                               (simd::float_to_bits(x) & (simd::vi{} + int32_t(0x80000000u))));
+                               (simd::float_to_bits(x) & (vi{} + int32_t(0x80000000u))));
 }
 
 // What happens to the scores of one (batch, head) between the gemm and the
