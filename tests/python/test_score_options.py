@@ -222,3 +222,39 @@ def test_bad_options_raise_naming_the_argument(kwargs, error, message):
     for call in calls:
         with pytest.raises(error, match=message):
             call()
+
+
+@pytest.mark.parametrize("Tq,Tk", [(0, 5), (4, 0)])
+def test_empty_calls_with_sinks(backend, Tq, Tk):
+    """No rows: empty outputs; no keys: o = 0 and lse = the sink (the only
+    logit), dsinks = 0 (o = 0 makes do.o = 0)."""
+    _runs_options(backend)
+    case = Case(2, Tq, Tk, 4, 2, 8)
+    q, k, v, do = inputs(case, seed=49)
+    sinks = np.array([0.5, -1.0, -np.inf, 2.0], np.float32)
+    o, lse = fa.attention(q, k, v, sinks=sinks, return_lse=True, backend=backend)
+    o64, lse64 = fa.reference.attention(q, k, v, sinks=sinks, return_lse=True)
+    np.testing.assert_array_equal(o, o64.astype(np.float32))
+    np.testing.assert_array_equal(lse, lse64.astype(np.float32))
+    if Tq:
+        assert np.all(lse == sinks[None, :, None])
+    dq, dk, dv, dsinks = fa.attention_backward(do, q, k, v, o, lse, sinks=sinks, backend=backend)
+    assert dsinks.shape == (4,) and np.all(dsinks == 0)
+    assert not dq.any() and not dk.any() and not dv.any()
+
+
+def test_strided_inputs_with_options(backend):
+    """q, k, v sliced from one packed qkv array, with every option: the same
+    bits as contiguous copies."""
+    _runs_options(backend)
+    B, T, H, D = 2, 45, 4, 40
+    case = Case(B, T, T, H, H, D, causal=True)
+    rng = np.random.default_rng(50)
+    qkv = rng.standard_normal((B, T, 3, H, D), dtype=np.float32)
+    q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+    do = rng.standard_normal((B, T, H, D), dtype=np.float32)
+    opts = dict(causal=True, **options_for("everything", case, 51))
+    check_backward(backend, case, q, k, v, do, {key: opts[key] for key in opts if key != "causal"})
+    got = fa.attention(q, k, v, backend=backend, **opts)
+    want = fa.attention(*(np.ascontiguousarray(x) for x in (q, k, v)), backend=backend, **opts)
+    np.testing.assert_array_equal(got, want)
