@@ -174,7 +174,19 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
         for (int d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
 
     const Range keys = keys_of_rows(p, i0, i0 + nq);
-    for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
+    // Key blocks in order, except with ALiBi: its bias falls with the
+    // distance from the diagonal, so the blocks go from the one holding the
+    // first row's diagonal outwards (down, then up). The running max then
+    // starts near its final value and later blocks rarely exceed it by the
+    // headroom, which would make each of them a second pass.
+    const int64_t n_blocks = (keys.end - keys.begin + kBlockK - 1) / kBlockK;
+    const int64_t first = mods.alibi && n_blocks > 0
+                              ? std::clamp<int64_t>((i0 + p.Tk - p.Tq - keys.begin) / kBlockK, 0,
+                                                    n_blocks - 1)
+                              : 0;
+    for (int64_t n = 0; n < n_blocks; ++n) {
+        const int64_t kb = n <= first ? first - n : n;  // first, first - 1, ..., 0, first + 1, ...
+        const int64_t j0 = keys.begin + kb * kBlockK;
         const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));
         if (masked && !mask_tile(p, io.score, b, h, i0, nq, j0, nk, true, bias, BQ, BQ))
             continue;  // the mask hides every score of this block

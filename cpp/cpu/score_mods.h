@@ -16,30 +16,54 @@ namespace flashattn::cpu::FLASHATTN_CPU_ISA {
 
 using simd::vi;
 
-// tanh to about 4 ulps (|error| < 1.3e-7) with one division: near 0,
-// Eigen's rational fit (the exponential form cancels there); beyond,
-// (e - 1) / (e + 1) with e = exp(2|x|), |x| capped at 9 where tanh rounds
-// to 1 (and inf / inf would be NaN). NaN passes through (min keeps it).
-inline vf tanh(vf x) {
-    const vf ax = simd::select(x < simd::splat(0.0f), -x, x);
-    const vi small = ax < simd::splat(0.625f);
-    const vf x2 = ax * ax;
-    vf num = simd::fma(x2, simd::splat(-2.76076847742355e-16f), simd::splat(2.00018790482477e-13f));
-    num = simd::fma(x2, num, simd::splat(-8.60467152213735e-11f));
-    num = simd::fma(x2, num, simd::splat(5.12229709037114e-08f));
-    num = simd::fma(x2, num, simd::splat(1.48572235717979e-05f));
-    num = simd::fma(x2, num, simd::splat(6.37261928875436e-04f));
-    num = simd::fma(x2, num, simd::splat(4.89352455891786e-03f));
-    num = ax * num;
-    vf den = simd::fma(x2, simd::splat(1.19825839466702e-06f), simd::splat(1.18534705686654e-04f));
-    den = simd::fma(x2, den, simd::splat(2.26843463243900e-03f));
-    den = simd::fma(x2, den, simd::splat(4.89352518554385e-03f));
-    const vf e = simd::exp2(simd::min(simd::splat(9.0f), ax) * simd::splat(2.0f * kLog2e));
-    const vf t = simd::select(small, num, e - simd::splat(1.0f)) /
-                 simd::select(small, den, e + simd::splat(1.0f));
-    // The sign of x back on.
-    return simd::bits_to_float(simd::float_to_bits(t) |
-                               (simd::float_to_bits(x) & (vi{} + int32_t(0x80000000u))));
+// a / b for b in [1, 2] (tanh's denominator): on x86 the hardware's
+// reciprocal estimate and one Newton step (about 1 ulp of 1 / b), where a
+// division would cost several times the rest of the softcap.
+inline vf divide_near_1(vf a, vf b) {
+#if defined(FLASHATTN_SIMD_AVX512)
+    vf r = _mm512_rcp14_ps(b);
+#elif defined(FLASHATTN_SIMD_AVX2)
+    vf r = _mm256_rcp_ps(b);
+#else
+    return a / b;
+#endif
+#if defined(FLASHATTN_SIMD_AVX512) || defined(FLASHATTN_SIMD_AVX2)
+    r = r * simd::fma(-b, r, simd::splat(2.0f));  // r (2 - b r): one Newton step
+    // a r, then one correction of the quotient: a r + r (a - b (a r)).
+    const vf qt = a * r;
+    return simd::fma(r, simd::fma(-b, qt, a), qt);
+#endif
+}
+
+// softcap * tanh(s / softcap) to about 4 ulps of tanh (|error| < 1.6e-7),
+// as -m / (2 + m) with m = expm1(-2|x|), x = s / softcap: one exponential
+// and one division. expm1 is 2^y - 1 with y = -2|x| log2(e) split as n + f
+// (|f| <= 1/2): m = 2^n (2^f - 1) + (2^n - 1), and 2^f - 1 is the
+// polynomial of simd::exp2_poly without its constant 1, so m keeps its
+// relative accuracy as x goes to 0 (no 1 - e cancels). y is capped at -60,
+// where tanh is 1 in float; a NaN passes the cap (max returns its second
+// operand then) and stays NaN. k = 2 log2(e) / softcap.
+inline vf softcap_tanh(vf s, float softcap, float k) {
+    const vi sign = simd::float_to_bits(s) & (vi{} + int32_t(0x80000000u));
+    const vf y = simd::max(simd::splat(-60.0f),
+                           simd::bits_to_float(simd::float_to_bits(s * simd::splat(k)) |
+                                               (vi{} + int32_t(0x80000000u))));  // -|x| 2 log2(e)
+    // Adding 1.5 * 2^23 rounds y to the integer n, which lands in t's low bits.
+    const vf magic = simd::splat(12582912.0f);
+    const vf t = y + magic;
+    const vf f = y - (t - magic);
+    vf q = simd::splat(1.5337585e-4f);
+    q = simd::fma(q, f, simd::splat(1.3399870e-3f));
+    q = simd::fma(q, f, simd::splat(9.6185198e-3f));
+    q = simd::fma(q, f, simd::splat(5.5503290e-2f));
+    q = simd::fma(q, f, simd::splat(2.4022646e-1f));
+    q = simd::fma(q, f, simd::splat(6.9314718e-1f));
+    q = q * f;  // 2^f - 1
+    const vf scale = simd::bits_to_float(
+        ((simd::float_to_bits(t) - simd::float_to_bits(magic)) + 127) << 23);  // 2^n
+    const vf m = simd::fma(scale, q, scale - simd::splat(1.0f));
+    const vf th = divide_near_1(-m, simd::splat(2.0f) + m);  // 2 + m is in (1, 2]
+    return simd::bits_to_float(simd::float_to_bits(th * simd::splat(softcap)) | sign);
 }
 
 // What happens to the scores of one (batch, head) between the gemm and the
@@ -49,7 +73,7 @@ inline vf tanh(vf x) {
 //   s = s + bias(i, j)                     (the mask, as a tile of 0 / -inf / values)
 struct ScoreMods {
     bool active = false;  // any of the three: else the scores pass untouched
-    float softcap = 0.0f, inv_softcap = 0.0f;
+    float softcap = 0.0f, softcap_k = 0.0f;  // softcap_k = 2 log2(e) / softcap
     bool alibi = false;
     float neg_slope = 0.0f;
     int32_t offset = 0;  // Tk - Tq: query i sits at key position i + offset
@@ -58,7 +82,7 @@ struct ScoreMods {
         ScoreMods m;
         m.offset = p.Tk - p.Tq;
         if (p.score_mods & FA_SCORE_SOFTCAP)
-            m.softcap = in.params.softcap, m.inv_softcap = 1.0f / in.params.softcap;
+            m.softcap = in.params.softcap, m.softcap_k = 2.0f * kLog2e / in.params.softcap;
         if (p.score_mods & FA_SCORE_ALIBI)
             m.alibi = true, m.neg_slope = -in.alibi_slopes[b * in.params.alibi_b + h];
         m.active = (p.score_mods & (FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_BOOL |
@@ -70,9 +94,11 @@ struct ScoreMods {
     // dcap (backward): where d(softcap(s))/ds goes, or null.
     vf apply(vf s, simd::vi diff, const float* bias, float* dcap) const {
         if (softcap > 0.0f) {
-            const vf t = tanh(s * simd::splat(inv_softcap));
-            s = simd::splat(softcap) * t;
-            if (dcap) simd::store(dcap, simd::fma(-t, t, simd::splat(1.0f)));
+            s = softcap_tanh(s, softcap, softcap_k);
+            if (dcap) {  // d/ds softcap tanh(s / softcap) = 1 - tanh^2
+                const vf t = s * simd::splat(1.0f / softcap);
+                simd::store(dcap, simd::fma(-t, t, simd::splat(1.0f)));
+            }
         }
         if (alibi) {
             const vf d = __builtin_convertvector(diff, vf);
