@@ -18,8 +18,8 @@ namespace {
 
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
-void check_supported(const char* fn, const Engine& engine, const FlashParams& p) {
-    const int missing = p.score_mods & ~engine.score_mods_supported();
+void check_supported(const char* fn, const Engine& engine, const FlashParams& p, bool backward) {
+    const int missing = p.score_mods & ~engine.score_mods_supported(backward);
     if (missing == 0) return;
     std::string names;
     const std::pair<int, const char*> options[] = {
@@ -31,7 +31,7 @@ void check_supported(const char* fn, const Engine& engine, const FlashParams& p)
             names += (names.empty() ? "" : ", ") + std::string(name);
     throw std::invalid_argument(std::string(fn) + ": the " + engine.name() +
                                 " engine does not implement " + names +
-                                " yet; use backend='cpu'");
+                                (backward ? " in the backward" : "") + " yet; use backend='cpu'");
 }
 
 // dsinks[h] = -sum over b, i of exp(sink_h - lse) * (do . o): the sink's
@@ -63,7 +63,7 @@ OutputBuffer Engine::allocate(size_t n_floats) {
 }
 
 void run_forward(Engine& engine, const FlashParams& p, const ForwardIO& io) {
-    check_supported("attention", engine, p);
+    check_supported("attention", engine, p, false);
     if (q_elements(p) == 0) return;
     if (p.Tk == 0) {  // every row sees no key, only its head's sink (lse = -inf without)
         std::fill_n(io.o, q_elements(p), 0.0f);
@@ -75,7 +75,7 @@ void run_forward(Engine& engine, const FlashParams& p, const ForwardIO& io) {
 }
 
 void run_backward(Engine& engine, const FlashParams& p, const BackwardIO& io) {
-    check_supported("attention_backward", engine, p);
+    check_supported("attention_backward", engine, p, true);
     if (q_elements(p) == 0 || p.Tk == 0) {  // no (query, key) pair: every gradient is zero
         std::fill_n(io.dq, q_elements(p), 0.0f);
         std::fill_n(io.dk, kv_elements(p), 0.0f);

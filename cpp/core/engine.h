@@ -44,9 +44,12 @@ public:
     virtual ~Engine() = default;
     virtual std::string name() const = 0;
 
-    // The FA_SCORE_* options this engine's kernels apply; run_forward and
-    // run_backward refuse a call that uses any other.
-    virtual int score_mods_supported() const { return 0; }
+    // The FA_SCORE_* options this engine's kernels apply, forward or
+    // backward; run_forward and run_backward refuse a call that uses any other.
+    virtual int score_mods_supported(bool backward) const {
+        (void)backward;
+        return 0;
+    }
 
     // Default: 64-byte aligned host memory. Throws std::bad_alloc when it cannot.
     virtual OutputBuffer allocate(size_t n_floats);

@@ -14,7 +14,9 @@ from helpers import FORWARD_FACTOR, GRADIENT_FACTOR, Case, _max_abs, assert_clos
 
 # Engines whose kernels do not apply the options yet: they must refuse them
 # (test_engines_without_the_options_refuse_them), and the grid skips them.
-NOT_YET = {"metal-sim", "metal"}
+# (The metal engine's kernels are metal-sim's; its host does not bind the
+# options' arrays yet.)
+NOT_YET = {"metal"}
 
 CASES = [
     Case(2, 13, 29, 6, 2, 59),                        # GQA, Tq < Tk
@@ -185,15 +187,16 @@ def test_options_that_change_nothing(backend):
         np.testing.assert_array_equal(lse2, lse, err_msg=str(options))
 
 
-def test_engines_without_the_options_refuse_them():
+def test_engines_without_the_options_refuse_them(backend):
     """No engine ignores an option it does not apply: it raises, naming it."""
+    if backend not in NOT_YET:
+        pytest.skip(f"the {backend} engine applies every option")
     case = Case(1, 5, 6, 2, 2, 8)
     q, k, v, do = inputs(case)
-    for backend in sorted(NOT_YET & set(fa.backends())):
-        with pytest.raises(ValueError, match=f"the {backend} engine does not implement softcap"):
-            fa.attention(q, k, v, softcap=1.0, backend=backend)
-        with pytest.raises(ValueError, match="does not implement mask"):
-            fa.attention(q, k, v, mask=np.ones(6, bool), backend=backend)
+    with pytest.raises(ValueError, match=f"the {backend} engine does not implement softcap"):
+        fa.attention(q, k, v, softcap=1.0, backend=backend)
+    with pytest.raises(ValueError, match="does not implement mask"):
+        fa.attention(q, k, v, mask=np.ones(6, bool), backend=backend)
 
 
 # ---- Errors name the argument and the value.

@@ -51,7 +51,7 @@ def options(name, batch, H, seed=51):
 
 
 def _skip_unsupported(backend, opts):
-    if backend in ("metal-sim", "metal") and any(
+    if backend == "metal" and any(
             key in opts for key in ("softcap", "alibi_slopes", "sinks")):
         pytest.skip(f"the {backend} engine does not apply the score options yet (issue 16)")
 
