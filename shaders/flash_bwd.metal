@@ -57,6 +57,10 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
                          device const float* delta [[buffer(5)]],
                          device float* dq [[buffer(6)]],
                          constant FlashParams& p [[buffer(7)]],
+                         constant FlashScoreParams& sp [[buffer(8)]],
+                         device const float* alibi [[buffer(9)]],
+                         device const uchar* mask [[buffer(10)]],
+                         device const float* sinks [[buffer(11)]],
                          uint3 grid_pos [[threadgroup_position_in_grid]],
                          uint tid [[thread_index_in_threadgroup]],
                          uint lane [[thread_index_in_simdgroup]],
@@ -68,6 +72,7 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
     FA_TG_ARRAY(int, Flags, FA_SIMDGROUPS);
 
     const int DC = FA_DQ_DCHUNK(HD);
+    (void)sinks;  // a sink changes only lse, which the forward gave
     const uint3 pos = fa_group_position(grid_pos, p);
     const int hkv = int(pos.y) / (HD / DC);
     const int c0 = (int(pos.y) % (HD / DC)) * DC;  // this threadgroup's columns of dq
@@ -101,6 +106,7 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
     fa_frag dQ[DC / 8];
     FA_UNROLL
     for (int d8 = 0; d8 < DC / 8; ++d8) dQ[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    const FaScoreMods mods = fa_score_mods_of(sp, alibi, b, row.h, fa_long(row.t) * sp.mask_i);  // used only with options
 
     device const float* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
     device const float* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);
@@ -135,8 +141,11 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
             for (int i = 0; i < 2; ++i) {
                 const int j = j0 + k8 * 8 + at.col + i;
                 const bool seen = tile == fa_tile_full || (j >= row_begin && j < row_end);
-                const float prob = seen ? fa_prob(S[k8].thread_elements()[i], row_lse) : 0.0f;
-                S[k8].thread_elements()[i] = prob * (dP[k8].thread_elements()[i] - row_delta);
+                float s = S[k8].thread_elements()[i], dcap = 1.0f;
+                if (fa_score_mods != 0 && seen)  // the forward's score options, and softcap's slope
+                    s = fa_score_mod(p, sp, mods, mask, row.t, j, fa_long(j) * sp.mask_j, s, dcap);
+                const float prob = seen ? fa_prob(s, row_lse) : 0.0f;
+                S[k8].thread_elements()[i] = prob * (dP[k8].thread_elements()[i] - row_delta) * dcap;
             }
         }
         // dQ += dS K, on this threadgroup's columns.
@@ -181,6 +190,10 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
                            device float* dk [[buffer(6)]],
                            device float* dv [[buffer(7)]],
                            constant FlashParams& p [[buffer(8)]],
+                           constant FlashScoreParams& sp [[buffer(9)]],
+                           device const float* alibi [[buffer(10)]],
+                           device const uchar* mask [[buffer(11)]],
+                           device const float* sinks [[buffer(12)]],
                            uint3 grid_pos [[threadgroup_position_in_grid]],
                            uint tid [[thread_index_in_threadgroup]],
                            uint lane [[thread_index_in_simdgroup]],
@@ -188,6 +201,7 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
     const int BQ = FA_DKDV_STAGE(HD);
     const int LD = FA_LD(HD);
     const int DC = FA_DKDV_DCHUNK(HD);
+    (void)sinks;  // a sink changes only lse, which the forward gave
     FA_TG_ARRAY(float, Qs, FA_DKDV_STAGE(HD) * FA_LD(HD));
     FA_TG_ARRAY(float, Gs, FA_DKDV_STAGE(HD) * FA_LD(HD));
     FA_TG_ARRAY(float, Ls, FA_DKDV_STAGE(HD));
@@ -268,9 +282,16 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
                     const int ci = i8 * 8 + at.col + e;  // query i0 + ci
                     const bool seen = tile == fa_tile_full ||
                                       (i0 + ci >= col_begin && i0 + ci < col_end);
-                    const float prob = seen ? fa_prob(St[i8].thread_elements()[e], Ls[ci]) : 0.0f;
+                    float s = St[i8].thread_elements()[e], dcap = 1.0f;
+                    // (hd32 has no registers to spare for them: plan_backward
+                    // sends calls with score options to the hd64 kernel.)
+                    if (HD >= 64 && fa_score_mods != 0 && seen)
+                        s = fa_score_mod(p, sp, fa_score_mods_of(sp, alibi, b, h, fa_long(j) * sp.mask_j),
+                                         mask, i0 + ci, j, fa_long(i0 + ci) * sp.mask_i, s, dcap);
+                    const float prob = seen ? fa_prob(s, Ls[ci]) : 0.0f;
                     St[i8].thread_elements()[e] = prob;
-                    dPt[i8].thread_elements()[e] = prob * (dPt[i8].thread_elements()[e] - Ds[ci]);
+                    dPt[i8].thread_elements()[e] =
+                        prob * (dPt[i8].thread_elements()[e] - Ds[ci]) * dcap;
                 }
             }
             // dV += P^T dout and dK += dS^T (scale q), on this threadgroup's columns.
@@ -313,11 +334,13 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
 #define FA_INSTANTIATE_BWD(HD)                                                                 \
     template FA_HOST_NAME("flash_bwd_dq_f32_hd" #HD) kernel void flash_bwd_dq<HD>(             \
         device const float*, device const float*, device const float*, device const float*,    \
-        device const float*, device const float*, device float*, constant FlashParams&, uint3,  \
-        uint, uint, uint);                                                                      \
+        device const float*, device const float*, device float*, constant FlashParams&,         \
+        constant FlashScoreParams&, device const float*, device const uchar*, device const float*, \
+        uint3, uint, uint, uint);                                                               \
     template FA_HOST_NAME("flash_bwd_dkdv_f32_hd" #HD) kernel void flash_bwd_dkdv<HD>(         \
         device const float*, device const float*, device const float*, device const float*,    \
         device const float*, device const float*, device float*, device float*,                \
-        constant FlashParams&, uint3, uint, uint, uint);
+        constant FlashParams&, constant FlashScoreParams&, device const float*,                 \
+        device const uchar*, device const float*, uint3, uint, uint, uint);
 
 FA_HEAD_BUCKETS(FA_INSTANTIATE_BWD)

@@ -11,6 +11,7 @@ using namespace metal;
 
 FA_FUNCTION_CONSTANT(bool, fa_head_full, FA_FC_HEAD_FULL)
 FA_FUNCTION_CONSTANT(bool, fa_head_vec4, FA_FC_HEAD_VEC4)
+FA_FUNCTION_CONSTANT(int, fa_score_mods, FA_FC_SCORE_MODS)
 
 typedef simdgroup_matrix<float, 8, 8> fa_frag;
 
@@ -224,4 +225,68 @@ FA_INLINE FaTile fa_classify(int begin, int end, int c0, int width) {
     if (c0 >= hi || c0 + width <= lo || lo >= hi) return fa_tile_skip;
     if (c0 >= hi_begin && c0 + width <= lo_end) return fa_tile_full;
     return fa_tile_masked;
+}
+
+// tanh to a few ulps from exp2 alone (no stdlib tanh is assumed): near 0
+// Eigen's rational fit, where 1 - 2 / (e^2x + 1) would cancel; beyond, that
+// form, which saturates to +-1 (e^2x = inf gives 1). NaN stays NaN.
+FA_INLINE float fa_tanh(float x) {
+    const float ax = abs(x);
+    float t;
+    if (ax < 0.625f) {
+        const float x2 = ax * ax;
+        float num = fma(x2, -2.76076847742355e-16f, 2.00018790482477e-13f);
+        num = fma(x2, num, -8.60467152213735e-11f);
+        num = fma(x2, num, 5.12229709037114e-08f);
+        num = fma(x2, num, 1.48572235717979e-05f);
+        num = fma(x2, num, 6.37261928875436e-04f);
+        num = fma(x2, num, 4.89352455891786e-03f);
+        float den = fma(x2, 1.19825839466702e-06f, 1.18534705686654e-04f);
+        den = fma(x2, den, 2.26843463243900e-03f);
+        den = fma(x2, den, 4.89352518554385e-03f);
+        t = ax * num / den;
+    } else {
+        t = 1.0f - 2.0f / (exp2(ax * (2.0f * M_LOG2E_F)) + 1.0f);  // NaN: ax < 0.625 fails
+    }
+    return x < 0.0f ? -t : t;
+}
+
+// The score options of a call (the function constant fa_score_mods, which
+// is FlashParams::score_mods; issue 16) for one (batch, head) and one fixed
+// query row or key: what every score of the loop needs, computed once
+// before it. A pipeline for plain attention has none of this code.
+struct FaScoreMods {
+    float slope;        // ALiBi's, of this head
+    fa_long mask_base;  // the mask offset of (b, h) and the fixed row or key
+};
+FA_INLINE FaScoreMods fa_score_mods_of(constant FlashScoreParams& sp, device const float* alibi,
+                                       int b, int h, fa_long fixed_offset) {
+    FaScoreMods m;
+    m.slope = (fa_score_mods & FA_SCORE_ALIBI) ? alibi[b * sp.alibi_b + h] : 0.0f;
+    m.mask_base = fa_long(b) * sp.mask_b + fa_long(h) * sp.mask_h + fixed_offset;
+    return m;
+}
+
+// The options on the score s of query row t and key j, which the band lets
+// it see: softcap, then ALiBi, then the mask (-inf hides the key);
+// mask_offset is the element's offset past mods.mask_base. dcap gets
+// d(softcap)/ds (1 without a softcap).
+FA_INLINE float fa_score_mod(constant FlashParams& p, constant FlashScoreParams& sp,
+                             FaScoreMods mods, device const uchar* mask, int t, int j,
+                             fa_long mask_offset, float s, thread float& dcap) {
+    dcap = 1.0f;
+    if (fa_score_mods & FA_SCORE_SOFTCAP) {
+        const float th = fa_tanh(s / sp.softcap);
+        s = sp.softcap * th;
+        dcap = fma(-th, th, 1.0f);
+    }
+    if (fa_score_mods & FA_SCORE_ALIBI) s = fma(-mods.slope, abs(float(t + p.Tk - p.Tq - j)), s);
+    if (fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) {
+        const fa_long at = mods.mask_base + mask_offset;
+        if (fa_score_mods & FA_SCORE_MASK_BOOL)
+            s = mask[at] != 0 ? s : -INFINITY;
+        else
+            s += reinterpret_cast<device const float*>(mask)[at];
+    }
+    return s;
 }

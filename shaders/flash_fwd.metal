@@ -41,6 +41,10 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
                       device float* o [[buffer(3)]],
                       device float* lse [[buffer(4)]],
                       constant FlashParams& p [[buffer(5)]],
+                      constant FlashScoreParams& sp [[buffer(6)]],
+                      device const float* alibi [[buffer(7)]],
+                      device const uchar* mask [[buffer(8)]],
+                      device const float* sinks [[buffer(9)]],
                       uint3 grid_pos [[threadgroup_position_in_grid]],
                       uint tid [[thread_index_in_threadgroup]],
                       uint lane [[thread_index_in_simdgroup]],
@@ -92,6 +96,15 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
     for (int d8 = 0; d8 < DC / 8; ++d8) O[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     float m = -FLT_MAX;
     float l = 0.0f;
+    // A sink is one more logit with a zero value: it starts the row's max
+    // and sum. With split-KV only the first chunk counts it (the merge adds
+    // the chunks' sums, so the sink joins the denominator once).
+    if ((fa_score_mods & FA_SCORE_SINKS) && split == 0 && row.valid && sinks[row.h] != -INFINITY) {
+        m = sinks[row.h];
+        l = 1.0f;
+    }
+
+    const FaScoreMods mods = fa_score_mods_of(sp, alibi, b, row.h, fa_long(row.t) * sp.mask_i);  // used only with options
 
     device const float* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
     device const float* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);
@@ -130,7 +143,11 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
             for (int i = 0; i < 2; ++i) {
                 const int j = j0 + k8 * 8 + at.col + i;
                 float s = S[k8].thread_elements()[i];
-                if (tile == fa_tile_masked && (j < row_begin || j >= row_end)) s = -INFINITY;
+                const bool seen = tile != fa_tile_masked || (j >= row_begin && j < row_end);
+                if (!seen) s = -INFINITY;
+                float dcap;
+                if (fa_score_mods != 0 && seen)
+                    s = fa_score_mod(p, sp, mods, mask, row.t, j, fa_long(j) * sp.mask_j, s, dcap);
                 S[k8].thread_elements()[i] = s;
                 tile_max = max(tile_max, s);
             }
@@ -244,6 +261,7 @@ kernel void flash_fwd_merge_f32(device const float* partial_o [[buffer(0)]],
 #define FA_INSTANTIATE_FWD(HD)                                                              \
     template FA_HOST_NAME("flash_fwd_f32_hd" #HD) kernel void flash_fwd<HD>(               \
         device const float*, device const float*, device const float*, device float*,       \
-        device float*, constant FlashParams&, uint3, uint, uint, uint);
+        device float*, constant FlashParams&, constant FlashScoreParams&, device const float*, \
+        device const uchar*, device const float*, uint3, uint, uint, uint);
 
 FA_HEAD_BUCKETS(FA_INSTANTIATE_FWD)

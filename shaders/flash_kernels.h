@@ -68,6 +68,7 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // Function constants (host: cpp/core/plan.cpp, index for index).
 #define FA_FC_HEAD_FULL 0  // bool: D equals the bucket: no column guards
 #define FA_FC_HEAD_VEC4 1  // bool: D % 4 == 0: staging loads move float4s
+#define FA_FC_SCORE_MODS 2  // int: FlashParams::score_mods (0: plain attention, none of their code)
 
 // Threadgroup arrays are declared with FA_TG_ARRAY(type, name, count) inside
 // kernels: plain `threadgroup` on Metal. The C++ side needs `static` (one

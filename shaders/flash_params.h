@@ -42,13 +42,36 @@ struct FlashParams {
     // dispatch a launch's grid in pieces (bounded work per command buffer),
     // each piece with its own origin.
     fa_int group_offset_x, group_offset_y, group_offset_z;
-    fa_int reserved;     // keeps the strides 8-byte aligned, as MSL lays them out
+    // The score options in force (FA_SCORE_* bits; issue 16), their values in
+    // FlashScoreParams. 0 is plain attention, which then reads nothing more.
+    // (This int also keeps the strides 8-byte aligned, as MSL lays them out.)
+    fa_int score_mods;
     FlashStrides q, k, v, o, dout, dq, dk, dv;
+};
+
+// FlashParams.score_mods bits, applied to each score s = scale * q.k in
+// this order: softcap (s = softcap * tanh(s / softcap)), ALiBi (s -= slope *
+// |p - j|), the mask (bool: hidden where false; float: added); then a sink
+// joins each row's softmax denominator as one more logit with a zero value.
+#define FA_SCORE_SOFTCAP 1
+#define FA_SCORE_ALIBI 2
+#define FA_SCORE_MASK_BOOL 4
+#define FA_SCORE_MASK_FLOAT 8
+#define FA_SCORE_SINKS 16
+
+// The values of the score options (which apply: FlashParams.score_mods).
+// The mask is read in place: element (b, h, i, j) at b * mask_b + h * mask_h
+// + i * mask_i + j * mask_j, zero strides where it broadcasts.
+struct FlashScoreParams {
+    float softcap;   // > 0 with FA_SCORE_SOFTCAP
+    fa_int alibi_b;  // slope of (b, h) at slopes[b * alibi_b + h]: 0 for (H,) slopes
+    fa_long mask_b, mask_h, mask_i, mask_j;
 };
 
 #ifndef __METAL_VERSION__
 static_assert(sizeof(FlashStrides) == 24, "FlashStrides layout must match MSL");
 static_assert(sizeof(FlashParams) == 256, "FlashParams layout must match MSL");
+static_assert(sizeof(FlashScoreParams) == 40, "FlashScoreParams layout must match MSL");
 #endif
 
 // Keys [fa_key_begin, fa_key_end) are visible to query row i; empty when begin >= end.

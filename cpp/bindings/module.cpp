@@ -23,6 +23,7 @@
 #include "core/interrupt.h"
 #include "core/params.h"
 #include "core/registry.h"
+#include "core/varlen.h"
 #include "cpu/isa.h"
 #include "cpu/peak.h"
 #include "cpu/thread_pool.h"
@@ -43,11 +44,16 @@ using namespace flashattn;
 namespace {
 
 using InputArray = nb::ndarray<const float, nb::device::cpu>;
+using MaskBytes = nb::ndarray<const uint8_t, nb::device::cpu>;  // a bool mask, viewed as bytes
+using PrefixSums = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
 using OutputArray = nb::ndarray<nb::numpy, float>;
 
-TensorView view_of(const InputArray& a) {
+template <class Array>
+TensorView view_of(const Array& a) {
     TensorView t;
-    t.data = a.data();
+    // A view carries a bool mask's bytes too; make_score_inputs hands them
+    // on as the untyped pointer the kernels read as bytes.
+    t.data = reinterpret_cast<const float*>(a.data());
     for (size_t i = 0; i < a.ndim(); ++i) {
         t.shape.push_back(int64_t(a.shape(i)));
         t.strides.push_back(int64_t(a.stride(i)));
@@ -172,6 +178,20 @@ AttentionOptions options_of(bool causal, int64_t window_left, int64_t window_rig
     return opt;
 }
 
+// The score options as the core takes them: every array a view in place.
+ScoreOptions score_options_of(double softcap, const std::optional<InputArray>& alibi,
+                              const std::optional<MaskBytes>& mask_bool,
+                              const std::optional<InputArray>& mask_float,
+                              const std::optional<InputArray>& sinks) {
+    ScoreOptions s;
+    s.softcap = softcap;
+    if (alibi) s.alibi_slopes = view_of(*alibi);
+    if (mask_bool) s.mask = view_of(*mask_bool), s.mask_is_bool = true;
+    if (mask_float) s.mask = view_of(*mask_float);
+    if (sinks) s.sinks = view_of(*sinks);
+    return s;
+}
+
 // An engine buffer of `shape`, to be filled while the GIL is released and
 // then handed to NumPy; the capsule keeps the buffer's owner alive.
 struct PendingOutput {
@@ -205,36 +225,117 @@ struct PendingOutput {
 };
 
 nb::tuple forward(InputArray q, InputArray k, InputArray v, bool causal, int64_t window_left,
-                  int64_t window_right, std::optional<double> scale,
+                  int64_t window_right, std::optional<double> scale, double softcap,
+                  std::optional<InputArray> alibi, std::optional<MaskBytes> mask_bool,
+                  std::optional<InputArray> mask_float, std::optional<InputArray> sinks,
                   std::optional<std::string> backend) {
-    const FlashParams p = make_forward_params(view_of(q), view_of(k), view_of(v),
-                                              options_of(causal, window_left, window_right, scale));
-    Engine& engine = engine_for(backend);
     const char* fn = "attention";
+    FlashParams p = make_forward_params(view_of(q), view_of(k), view_of(v),
+                                        options_of(causal, window_left, window_right, scale));
+    const ScoreInputs score = make_score_inputs(
+        fn, p, score_options_of(softcap, alibi, mask_bool, mask_float, sinks));
+    Engine& engine = engine_for(backend);
     PendingOutput o(engine, fn, "o", {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)});
     PendingOutput lse(engine, fn, "lse", {size_t(p.B), size_t(p.H), size_t(p.Tq)});
     run_released([&] {
-        run_forward(engine, p, {q.data(), k.data(), v.data(), o.buffer.data, lse.buffer.data});
+        run_forward(engine, p,
+                    {q.data(), k.data(), v.data(), o.buffer.data, lse.buffer.data, score});
     });
     return nb::make_tuple(o.release(), lse.release());
 }
 
 nb::tuple backward(InputArray dout, InputArray q, InputArray k, InputArray v, InputArray o,
                    InputArray lse, bool causal, int64_t window_left, int64_t window_right,
-                   std::optional<double> scale, std::optional<std::string> backend) {
-    const FlashParams p = make_backward_params(
+                   std::optional<double> scale, double softcap, std::optional<InputArray> alibi,
+                   std::optional<MaskBytes> mask_bool, std::optional<InputArray> mask_float,
+                   std::optional<InputArray> sinks, std::optional<std::string> backend) {
+    const char* fn = "attention_backward";
+    FlashParams p = make_backward_params(
         view_of(dout), view_of(q), view_of(k), view_of(v), view_of(o), view_of(lse),
         options_of(causal, window_left, window_right, scale));
+    const ScoreInputs score = make_score_inputs(
+        fn, p, score_options_of(softcap, alibi, mask_bool, mask_float, sinks));
     Engine& engine = engine_for(backend);
-    const char* fn = "attention_backward";
     PendingOutput dq(engine, fn, "dq", {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)});
     PendingOutput dk(engine, fn, "dk", {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)});
     PendingOutput dv(engine, fn, "dv", {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)});
+    std::optional<PendingOutput> dsinks;
+    if (sinks) dsinks.emplace(engine, fn, "dsinks", std::vector<size_t>{size_t(p.H)});
     run_released([&] {
-        run_backward(engine, p,
-                     {dout.data(), q.data(), k.data(), v.data(), o.data(), lse.data(),
-                      dq.buffer.data, dk.buffer.data, dv.buffer.data});
+        BackwardIO io{dout.data(),    q.data(),       k.data(),      v.data(), o.data(),
+                      lse.data(),     dq.buffer.data, dk.buffer.data, dv.buffer.data, score};
+        io.dsinks = dsinks ? dsinks->buffer.data : nullptr;
+        run_backward(engine, p, io);
     });
+    if (dsinks)
+        return nb::make_tuple(dq.release(), dk.release(), dv.release(), dsinks->release());
+    return nb::make_tuple(dq.release(), dk.release(), dv.release());
+}
+
+Sequences sequences_of(const char* fn, const PrefixSums& cu_q, const PrefixSums& cu_k,
+                       const InputArray& q, const InputArray& k) {
+    if (q.ndim() != 3 || k.ndim() != 3)
+        throw std::invalid_argument(std::string(fn) + ": q and k must have 3 dimensions "
+                                    "(total, heads, D)");
+    return make_sequences(fn, cu_q.data(), int64_t(cu_q.shape(0)), cu_k.data(),
+                          int64_t(cu_k.shape(0)), int64_t(q.shape(0)), int64_t(k.shape(0)));
+}
+
+nb::tuple forward_varlen(InputArray q, InputArray k, InputArray v, PrefixSums cu_q,
+                         PrefixSums cu_k, bool causal, int64_t window_left, int64_t window_right,
+                         std::optional<double> scale, double softcap,
+                         std::optional<InputArray> alibi, std::optional<InputArray> sinks,
+                         std::optional<std::string> backend) {
+    const char* fn = "attention_varlen";
+    const Sequences seqs = sequences_of(fn, cu_q, cu_k, q, k);
+    Engine& engine = engine_for(backend);
+    const size_t total = q.shape(0), H = q.shape(1), D = q.shape(2);
+    PendingOutput o(engine, fn, "o", {total, H, D});
+    PendingOutput lse(engine, fn, "lse", {H, total});
+    const ScoreOptions score = score_options_of(softcap, alibi, std::nullopt, std::nullopt, sinks);
+    run_released([&] {
+        run_forward_varlen(engine, seqs, view_of(q), view_of(k), view_of(v),
+                           options_of(causal, window_left, window_right, scale), score,
+                           o.buffer.data, lse.buffer.data);
+    });
+    return nb::make_tuple(o.release(), lse.release());
+}
+
+nb::tuple backward_varlen(InputArray dout, InputArray q, InputArray k, InputArray v,
+                          InputArray o, nb::ndarray<const float, nb::ndim<2>, nb::c_contig,
+                                                   nb::device::cpu> lse,
+                          PrefixSums cu_q, PrefixSums cu_k, bool causal, int64_t window_left,
+                          int64_t window_right, std::optional<double> scale, double softcap,
+                          std::optional<InputArray> alibi, std::optional<InputArray> sinks,
+                          std::optional<std::string> backend) {
+    const char* fn = "attention_varlen_backward";
+    const Sequences seqs = sequences_of(fn, cu_q, cu_k, q, k);
+    if (lse.shape(0) != q.shape(1) || lse.shape(1) != q.shape(0))
+        throw std::invalid_argument(std::string(fn) + ": lse must have shape (H, total_q) = (" +
+                                    std::to_string(q.shape(1)) + ", " +
+                                    std::to_string(q.shape(0)) + ")");
+    Engine& engine = engine_for(backend);
+    auto shape_of = [](const InputArray& a) {
+        return std::vector<size_t>{a.shape(0), a.shape(1), a.shape(2)};
+    };
+    PendingOutput dq(engine, fn, "dq", shape_of(q));
+    PendingOutput dk(engine, fn, "dk", shape_of(k));
+    PendingOutput dv(engine, fn, "dv", shape_of(k));
+    if (v.ndim() != 3 || v.shape(0) != k.shape(0) || v.shape(1) != k.shape(1) ||
+        v.shape(2) != k.shape(2))
+        throw std::invalid_argument(std::string(fn) + ": k and v must have the same shape");
+    std::optional<PendingOutput> dsinks;
+    if (sinks) dsinks.emplace(engine, fn, "dsinks", std::vector<size_t>{size_t(q.shape(1))});
+    const ScoreOptions score = score_options_of(softcap, alibi, std::nullopt, std::nullopt, sinks);
+    run_released([&] {
+        run_backward_varlen(engine, seqs, view_of(dout), view_of(q), view_of(k), view_of(v),
+                            view_of(o), lse.data(),
+                            options_of(causal, window_left, window_right, scale), score,
+                            dq.buffer.data, dk.buffer.data, dv.buffer.data,
+                            dsinks ? dsinks->buffer.data : nullptr);
+    });
+    if (dsinks)
+        return nb::make_tuple(dq.release(), dk.release(), dv.release(), dsinks->release());
     return nb::make_tuple(dq.release(), dk.release(), dv.release());
 }
 
@@ -261,10 +362,25 @@ NB_MODULE(_core, m) {
     });
     m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal"),
           nb::arg("window_left"), nb::arg("window_right"), nb::arg("scale").none(),
-          nb::arg("backend").none());
+          nb::arg("softcap") = 0.0, nb::arg("alibi_slopes").none() = nb::none(),
+          nb::arg("mask_bool").none() = nb::none(), nb::arg("mask_float").none() = nb::none(),
+          nb::arg("sinks").none() = nb::none(), nb::arg("backend").none() = nb::none());
     m.def("backward", &backward, nb::arg("do"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
           nb::arg("o"), nb::arg("lse"), nb::arg("causal"), nb::arg("window_left"),
-          nb::arg("window_right"), nb::arg("scale").none(), nb::arg("backend").none());
+          nb::arg("window_right"), nb::arg("scale").none(), nb::arg("softcap") = 0.0,
+          nb::arg("alibi_slopes").none() = nb::none(), nb::arg("mask_bool").none() = nb::none(),
+          nb::arg("mask_float").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
+          nb::arg("backend").none() = nb::none());
+    m.def("forward_varlen", &forward_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"),
+          nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("causal"),
+          nb::arg("window_left"), nb::arg("window_right"), nb::arg("scale").none(),
+          nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
+          nb::arg("backend").none());
+    m.def("backward_varlen", &backward_varlen, nb::arg("do"), nb::arg("q"), nb::arg("k"),
+          nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("cu_seqlens_q"),
+          nb::arg("cu_seqlens_k"), nb::arg("causal"), nb::arg("window_left"),
+          nb::arg("window_right"), nb::arg("scale").none(), nb::arg("softcap"),
+          nb::arg("alibi_slopes").none(), nb::arg("sinks").none(), nb::arg("backend").none());
     m.def("check_call", &check_call, nb::arg("fn"), nb::arg("q_shape"), nb::arg("k_shape"),
           nb::arg("v_shape"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
           nb::arg("scale").none());

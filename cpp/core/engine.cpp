@@ -1,15 +1,61 @@
-// What every engine shares: default output memory, and the degenerate calls
-// (no rows, no keys) answered once here instead of in each engine.
+// What every engine shares: default output memory, the degenerate calls (no
+// rows, no keys) answered once here instead of in each engine, the refusal
+// of score options an engine does not apply, and the sinks' gradient.
 #include "core/engine.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <stdexcept>
+#include <vector>
 
 #include "core/host_memory.h"
 #include "core/params.h"
 
 namespace flashattn {
+namespace {
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+void check_supported(const char* fn, const Engine& engine, const FlashParams& p, bool backward) {
+    const int missing = p.score_mods & ~engine.score_mods_supported(backward);
+    if (missing == 0) return;
+    std::string names;
+    const std::pair<int, const char*> options[] = {
+        {FA_SCORE_SOFTCAP, "softcap"},     {FA_SCORE_ALIBI, "alibi_slopes"},
+        {FA_SCORE_MASK_BOOL, "mask"},      {FA_SCORE_MASK_FLOAT, "mask"},
+        {FA_SCORE_SINKS, "sinks"}};
+    for (const auto& [bit, name] : options)
+        if ((missing & bit) && names.find(name) == std::string::npos)
+            names += (names.empty() ? "" : ", ") + std::string(name);
+    throw std::invalid_argument(std::string(fn) + ": the " + engine.name() +
+                                " engine does not implement " + names +
+                                (backward ? " in the backward" : "") + " yet; use backend='cpu'");
+}
+
+// dsinks[h] = -sum over b, i of exp(sink_h - lse) * (do . o): the sink's
+// logit is in every row's denominator, and its value vector is zero, so
+// d lse / d sink = P(sink) and d o / d sink = -P(sink) o. Summed in double.
+void sink_gradients(const FlashParams& p, const BackwardIO& io) {
+    for (int64_t h = 0; h < p.H; ++h) {
+        double sum = 0.0;
+        const float sink = io.score.sinks[h];
+        for (int64_t b = 0; b < p.B; ++b)
+            for (int64_t i = 0; i < p.Tq; ++i) {
+                const float lse = io.lse[(b * p.H + h) * p.Tq + i];
+                if (sink == -kInf || lse == -kInf) continue;  // no sink, or a row with no weight
+                const float* d = io.dout + b * p.dout.b + i * p.dout.t + h * p.dout.h;
+                const float* o = io.o + b * p.o.b + i * p.o.t + h * p.o.h;
+                double delta = 0.0;
+                for (int64_t k = 0; k < p.D; ++k) delta += double(d[k]) * o[k];
+                sum += std::exp(double(sink) - lse) * delta;
+            }
+        io.dsinks[h] = float(-sum);
+    }
+}
+
+}  // namespace
 
 OutputBuffer Engine::allocate(size_t n_floats) {
     void* data = allocate_host(n_floats * sizeof(float));
@@ -17,23 +63,27 @@ OutputBuffer Engine::allocate(size_t n_floats) {
 }
 
 void run_forward(Engine& engine, const FlashParams& p, const ForwardIO& io) {
+    check_supported("attention", engine, p, false);
     if (q_elements(p) == 0) return;
-    if (p.Tk == 0) {  // every row sees no key
+    if (p.Tk == 0) {  // every row sees no key, only its head's sink (lse = -inf without)
         std::fill_n(io.o, q_elements(p), 0.0f);
-        std::fill_n(io.lse, lse_elements(p), -std::numeric_limits<float>::infinity());
+        for (int64_t bh = 0; bh < int64_t(p.B) * p.H; ++bh)
+            std::fill_n(io.lse + bh * p.Tq, p.Tq, io.score.sinks ? io.score.sinks[bh % p.H] : -kInf);
         return;
     }
     engine.forward(p, io);
 }
 
 void run_backward(Engine& engine, const FlashParams& p, const BackwardIO& io) {
+    check_supported("attention_backward", engine, p, true);
     if (q_elements(p) == 0 || p.Tk == 0) {  // no (query, key) pair: every gradient is zero
         std::fill_n(io.dq, q_elements(p), 0.0f);
         std::fill_n(io.dk, kv_elements(p), 0.0f);
         std::fill_n(io.dv, kv_elements(p), 0.0f);
-        return;
+    } else {
+        engine.backward(p, io);
     }
-    engine.backward(p, io);
+    if (io.dsinks) sink_gradients(p, io);
 }
 
 }  // namespace flashattn

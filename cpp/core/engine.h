@@ -10,14 +10,26 @@
 
 namespace flashattn {
 
+// The arrays of the score options (FlashParams.score_mods says which are
+// given; the others are null) and their values.
+struct ScoreInputs {
+    FlashScoreParams params{};
+    const float* alibi_slopes = nullptr;  // see FlashScoreParams.alibi_b
+    const void* mask = nullptr;           // bool (one byte each) or float32, by score_mods
+    const float* sinks = nullptr;         // (H,)
+};
+
 struct ForwardIO {
     const float *q, *k, *v;
     float *o, *lse;  // o: (B, Tq, H, D) contiguous; lse: (B, H, Tq) contiguous
+    ScoreInputs score{};
 };
 
 struct BackwardIO {
     const float *dout, *q, *k, *v, *o, *lse;
     float *dq, *dk, *dv;  // contiguous, shaped like q, k, v
+    ScoreInputs score{};
+    float* dsinks = nullptr;  // (H,) with sinks; written by run_backward, not the engine
 };
 
 // Memory for one output array. `owner` keeps it alive; Python holds it in a
@@ -32,6 +44,13 @@ public:
     virtual ~Engine() = default;
     virtual std::string name() const = 0;
 
+    // The FA_SCORE_* options this engine's kernels apply, forward or
+    // backward; run_forward and run_backward refuse a call that uses any other.
+    virtual int score_mods_supported(bool backward) const {
+        (void)backward;
+        return 0;
+    }
+
     // Default: 64-byte aligned host memory. Throws std::bad_alloc when it cannot.
     virtual OutputBuffer allocate(size_t n_floats);
 
@@ -43,7 +62,8 @@ public:
 };
 
 // Runs a call on an engine, answering the degenerate shapes (nothing to
-// compute, or no keys at all) here, once for every engine.
+// compute, or no keys at all) here, once for every engine; the backward also
+// computes dsinks here, from do, o and lse, for every engine alike.
 void run_forward(Engine& engine, const FlashParams& p, const ForwardIO& io);
 void run_backward(Engine& engine, const FlashParams& p, const BackwardIO& io);
 

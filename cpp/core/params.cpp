@@ -108,6 +108,52 @@ void check_call_shapes(const std::string& fn, const std::vector<int64_t>& q_shap
     (void)make_params(fn.c_str(), view(q_shape), view(k_shape), view(v_shape), options);
 }
 
+ScoreInputs make_score_inputs(const char* fn, FlashParams& p, const ScoreOptions& opt) {
+    ScoreInputs in;
+    p.score_mods = 0;
+    if (opt.softcap != 0.0) {
+        if (!(opt.softcap > 0.0) || !std::isfinite(float(opt.softcap)))
+            fail(fn, "softcap must be 0 (off) or positive and finite in float32, got " +
+                         std::to_string(opt.softcap));
+        p.score_mods |= FA_SCORE_SOFTCAP;
+        in.params.softcap = float(opt.softcap);
+    }
+    if (opt.alibi_slopes) {
+        const TensorView& a = *opt.alibi_slopes;
+        const std::vector<int64_t> want = {p.B, p.H};
+        if (a.shape != want)
+            fail(fn, "alibi_slopes must have shape (B, H) = " + shape_string(want) +
+                         " once broadcast, got " + shape_string(a.shape));
+        if (p.H > 1 && a.strides[1] != 1)
+            fail(fn, "alibi_slopes must be contiguous along H, got strides " +
+                         shape_string(a.strides));
+        p.score_mods |= FA_SCORE_ALIBI;
+        in.alibi_slopes = a.data;
+        in.params.alibi_b = fa_int(p.B > 1 ? a.strides[0] : 0);
+    }
+    if (opt.mask) {
+        const TensorView& m = *opt.mask;
+        const std::vector<int64_t> want = {p.B, p.H, p.Tq, p.Tk};
+        if (m.shape != want)
+            fail(fn, "mask must have shape (B, H, Tq, Tk) = " + shape_string(want) +
+                         " once broadcast, got " + shape_string(m.shape));
+        p.score_mods |= opt.mask_is_bool ? FA_SCORE_MASK_BOOL : FA_SCORE_MASK_FLOAT;
+        in.mask = m.data;
+        in.params.mask_b = m.strides[0], in.params.mask_h = m.strides[1];
+        in.params.mask_i = m.strides[2], in.params.mask_j = m.strides[3];
+    }
+    if (opt.sinks) {
+        const TensorView& k = *opt.sinks;
+        const std::vector<int64_t> want = {p.H};
+        if (k.shape != want || (p.H > 1 && k.strides[0] != 1))
+            fail(fn, "sinks must have shape (H,) = " + shape_string(want) +
+                         " and be contiguous, got shape " + shape_string(k.shape));
+        p.score_mods |= FA_SCORE_SINKS;
+        in.sinks = k.data;
+    }
+    return in;
+}
+
 FlashParams make_backward_params(const TensorView& dout, const TensorView& q, const TensorView& k,
                                  const TensorView& v, const TensorView& o, const TensorView& lse,
                                  const AttentionOptions& options) {

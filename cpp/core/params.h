@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "core/engine.h"
 #include "core/tensor.h"
 #include "flash_params.h"
 
@@ -19,6 +20,20 @@ struct AttentionOptions {
     int64_t window_right = -1;  // -1: unbounded
     std::optional<double> scale;  // default 1/sqrt(D)
 };
+
+// The score options of a call (issue 16), as the bindings receive them:
+// arrays already broadcast to their full shapes (zero strides, not copies).
+struct ScoreOptions {
+    double softcap = 0.0;                    // 0: off
+    std::optional<TensorView> alibi_slopes;  // (B, H) float32, contiguous along H
+    std::optional<TensorView> mask;          // (B, H, Tq, Tk), any strides
+    bool mask_is_bool = false;               // one byte per element, else float32
+    std::optional<TensorView> sinks;         // (H,) float32, contiguous
+};
+
+// Checks the score options against the call p, sets p.score_mods, and
+// returns the arrays and values the kernels read.
+ScoreInputs make_score_inputs(const char* fn, FlashParams& p, const ScoreOptions& options);
 
 // q: (B, Tq, H, D); k, v: (B, Tk, Hkv, D). Fills shapes, q/k/v strides, the
 // normalised window and scale; o, dq, dk, dv strides describe contiguous outputs.

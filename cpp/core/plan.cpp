@@ -25,6 +25,10 @@ const char* slot_name(Slot s) {
         case Slot::delta: return "delta";
         case Slot::partial_o: return "partial_o";
         case Slot::partial_lse: return "partial_lse";
+        case Slot::score: return "score";
+        case Slot::alibi: return "alibi";
+        case Slot::mask: return "mask";
+        case Slot::sinks: return "sinks";
         case Slot::params: return "params";
     }
     return "?";
@@ -58,7 +62,8 @@ FunctionConstant boolean(uint16_t index, bool value) {
 
 // The specialisation every tiled kernel of a call shares.
 std::vector<FunctionConstant> head_constants(const FlashParams& p, int bucket) {
-    return {boolean(FA_FC_HEAD_FULL, p.D == bucket), boolean(FA_FC_HEAD_VEC4, p.D % 4 == 0)};
+    return {boolean(FA_FC_HEAD_FULL, p.D == bucket), boolean(FA_FC_HEAD_VEC4, p.D % 4 == 0),
+            {FA_FC_SCORE_MODS, FunctionConstant::Type::int32, uint32_t(p.score_mods)}};
 }
 
 // The query rows of a kv head in the packed numbering (FlashParams::
@@ -102,7 +107,8 @@ Plan plan_forward(const FlashParams& p) {
     const Dim3 grid{row_blocks, uint32_t(p.Hkv) * chunks, uint32_t(p.B) * uint32_t(splits)};
     if (splits == 1) {
         plan.launches.push_back(Launch{name,
-                                       {Slot::q, Slot::k, Slot::v, Slot::o, Slot::lse, Slot::params},
+                                       {Slot::q, Slot::k, Slot::v, Slot::o, Slot::lse, Slot::params,
+                                        Slot::score, Slot::alibi, Slot::mask, Slot::sinks},
                                        grid, kTiled, head_constants(p, bucket)});
         return plan;
     }
@@ -111,8 +117,10 @@ Plan plan_forward(const FlashParams& p) {
     plan.scratch.push_back({Slot::partial_o, splits * rows * p.D});
     plan.scratch.push_back({Slot::partial_lse, splits * rows});
     plan.launches.push_back(Launch{
-        name, {Slot::q, Slot::k, Slot::v, Slot::partial_o, Slot::partial_lse, Slot::params}, grid,
-        kTiled, head_constants(p, bucket)});
+        name,
+        {Slot::q, Slot::k, Slot::v, Slot::partial_o, Slot::partial_lse, Slot::params, Slot::score,
+         Slot::alibi, Slot::mask, Slot::sinks},
+        grid, kTiled, head_constants(p, bucket)});
     plan.launches.push_back(Launch{"flash_fwd_merge_f32",
                                    {Slot::partial_o, Slot::partial_lse, Slot::o, Slot::lse, Slot::params},
                                    Dim3{blocks(rows, FA_MERGE_ROWS_PER_GROUP), 1, 1},
@@ -139,20 +147,24 @@ Plan plan_backward(const FlashParams& p) {
     });
     plan.launches.push_back(Launch{
         "flash_bwd_dq" + suffix,
-        {Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse, Slot::delta, Slot::dq, Slot::params},
+        {Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse, Slot::delta, Slot::dq, Slot::params,
+         Slot::score, Slot::alibi, Slot::mask, Slot::sinks},
         Dim3{blocks(int64_t(p.group) * plan.params.rows_per_head, FA_BLOCK_ROWS),
              uint32_t(p.Hkv) * uint32_t(bucket / FA_DQ_DCHUNK(bucket)), uint32_t(p.B)},
         kTiled,
         head_constants(p, bucket),
     });
-    const uint32_t chunks = uint32_t(bucket / FA_DKDV_DCHUNK(bucket));
+    // With score options the hd32 dK/dV kernel would spill registers (the
+    // GPU gate's budget): such calls take the hd64 one, zero columns and all.
+    const int dkdv_bucket = p.score_mods != 0 && bucket < 64 ? 64 : bucket;
+    const uint32_t chunks = uint32_t(dkdv_bucket / FA_DKDV_DCHUNK(dkdv_bucket));
     plan.launches.push_back(Launch{
-        "flash_bwd_dkdv" + suffix,
+        "flash_bwd_dkdv_f32_hd" + std::to_string(dkdv_bucket),
         {Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse, Slot::delta, Slot::dk, Slot::dv,
-         Slot::params},
+         Slot::params, Slot::score, Slot::alibi, Slot::mask, Slot::sinks},
         Dim3{blocks(p.Tk, FA_BLOCK_ROWS), uint32_t(p.Hkv) * chunks, uint32_t(p.B)},
         kTiled,
-        head_constants(p, bucket),
+        head_constants(p, dkdv_bucket),
     });
     return plan;
 }

@@ -18,6 +18,8 @@ enum class Slot : uint8_t {
     delta,                     // scratch: D = rowsum(dout * o), (B, H, Tq) floats
     partial_o,                 // scratch: split-KV decode's per-split unnormalised outputs
     partial_lse,               // scratch: split-KV decode's per-split (max, sum) statistics
+    score,                     // the FlashScoreParams struct, by value (setBytes)
+    alibi, mask, sinks,        // the score options' arrays (issue 16); any buffer when absent
     params,                    // the FlashParams struct, by value (setBytes)
 };
 
@@ -54,6 +56,7 @@ struct Scratch {
 
 struct Plan {
     FlashParams params;
+    FlashScoreParams score{};  // read by the kernels only where params.score_mods says
     std::vector<Launch> launches;
     std::vector<Scratch> scratch;  // what the launches bind besides the call's arrays
 };

@@ -33,6 +33,7 @@
 #include "cpu/gemm.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tiles.h"
+#include "cpu/score_mods.h"
 
 FLASHATTN_CPU_KERNELS(FLASHATTN_CPU_ISA)
 
@@ -128,15 +129,40 @@ ChunkPlan choose_chunks(const FlashParams& p, int BQ, int Dp, int heads) {
     }
 }
 
+// Where the score options (score_mods.h) meet a queries x keys tile: row r
+// is query query0 + r, lane l of vector v key key0 + v * W + l; the mask
+// tile and the softcap's derivative (both laid out like P, row stride ld)
+// may be null.
+struct TileMods {
+    const ScoreMods* mods;  // null: plain attention
+    int64_t query0, key0;
+    const float* bias;
+    float* dcap;
+    int64_t ld;
+
+    vf apply(vf s, int r, int v) const {
+        const int32_t base = int32_t(query0 + r + mods->offset - (key0 + v * W));
+        const int64_t at = r * ld + v * W;
+        return mods->apply(s, simd::vi{} + base - simd::iota(), bias ? bias + at : nullptr,
+                           dcap ? dcap + at : nullptr);
+    }
+    TileMods at(int m, int n) const {
+        return {mods, query0 + m, key0 + n, bias ? bias + m * ld + n : nullptr,
+                dcap ? dcap + m * ld + n : nullptr, ld};
+    }
+};
+
 // P = exp(S - lse) inside the band, 0 outside, computed as each vector of
-// S (already scaled) leaves the registers. Masked: the tile crosses the
-// band's edge, and row r (a query) keeps the columns (keys) [lo[r], hi[r]).
+// S (already scaled, then the score options applied) leaves the registers.
+// Masked: the tile crosses the band's edge, and row r (a query) keeps the
+// columns (keys) [lo[r], hi[r]).
 template <bool Masked>
 struct ProbabilityEpilogue {
     const float* lse;  // per row; +inf for a row whose gradient is zero
     const int* lo;     // per row
     const int* hi;
     int col0;
+    TileMods mods;
 
     template <int MR, int NV>
     void apply(vf (&c)[MR][NV]) const {
@@ -145,6 +171,7 @@ struct ProbabilityEpilogue {
             const vf l = splat(lse[r]);
 #pragma GCC unroll 16
             for (int v = 0; v < NV; ++v) {
+                if (mods.mods) c[r][v] = mods.apply(c[r][v], r, v);
                 vf s = (c[r][v] - l) * splat(kLog2e);
                 if constexpr (Masked) {
                     const vi col = simd::iota() + (col0 + v * W);
@@ -154,11 +181,14 @@ struct ProbabilityEpilogue {
             }
         }
     }
-    ProbabilityEpilogue at(int m, int n) const { return {lse + m, lo + m, hi + m, col0 + n}; }
+    ProbabilityEpilogue at(int m, int n) const {
+        return {lse + m, lo + m, hi + m, col0 + n, mods.at(m, n)};
+    }
 };
 
-// dS = P * (dP - delta) as dP leaves the registers; 0 outside the band even
-// where dP is not finite.
+// dS = P * (dP - delta) as dP leaves the registers, times the softcap's
+// derivative (dcap, laid out like P) when there is one; 0 outside the band
+// even where dP is not finite.
 template <bool Masked>
 struct GradientEpilogue {
     const float* P;  // P at this block's first element
@@ -167,6 +197,7 @@ struct GradientEpilogue {
     const int* lo;       // per row, as in ProbabilityEpilogue
     const int* hi;
     int col0;
+    const float* dcap;  // null: no softcap
 
     template <int MR, int NV>
     void apply(vf (&c)[MR][NV]) const {
@@ -176,6 +207,7 @@ struct GradientEpilogue {
 #pragma GCC unroll 16
             for (int v = 0; v < NV; ++v) {
                 vf g = simd::load(P + r * ldp + v * W) * (c[r][v] - dl);
+                if (dcap) g *= simd::load(dcap + r * ldp + v * W);
                 if constexpr (Masked) {
                     const vi col = simd::iota() + (col0 + v * W);
                     g = simd::select(simd::in_range(col, lo[r], hi[r]), g, vf{});
@@ -185,7 +217,8 @@ struct GradientEpilogue {
         }
     }
     GradientEpilogue at(int m, int n) const {
-        return {P + m * ldp + n, ldp, delta + m, lo + m, hi + m, col0 + n};
+        return {P + m * ldp + n, ldp, delta + m, lo + m, hi + m, col0 + n,
+                dcap ? dcap + m * ldp + n : nullptr};
     }
 };
 
@@ -278,24 +311,34 @@ struct KeyBlock {
 template <bool Masked>
 void probabilities_and_gradients(const KeyBlock& kb, int nq, int Nk, int D, int Dp,
                                  const float* Qr, const float* dOr, const float* lse,
-                                 const float* delta, const int* klo, const int* khi, float* P,
-                                 float* dS) {
+                                 const float* delta, const int* klo, const int* khi,
+                                 const TileMods& mods, float* P, float* dS) {
     gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false,
-                ProbabilityEpilogue<Masked>{lse, klo, khi, 0});
+                ProbabilityEpilogue<Masked>{lse, klo, khi, 0, mods});
     gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false,
-                GradientEpilogue<Masked>{P, kBlockK, delta, klo, khi, 0});
+                GradientEpilogue<Masked>{P, kBlockK, delta, klo, khi, 0, mods.dcap});
 }
 
 // One query tile against the key block: P and dS, then dV += P^T dO,
 // dK += dS^T (scale Q) and dQ += dS (scale K). Where the tile crosses the
 // band's edge, masked entries are zeros; the products skip them outright
 // when the operand they face holds an inf or NaN (0 * inf is NaN).
-void query_tile(const Context& cx, const KeyBlock& kb, const float* q0, const float* do0,
-                const float* lse0, const float* delta0, int64_t i0, float* dq, int64_t ldq) {
+void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, int64_t b,
+                int64_t h, const float* q0, const float* do0, const float* lse0,
+                const float* delta0, int64_t i0, float* dq, int64_t ldq) {
     const FlashParams& p = cx.p;
     const int D = p.D, Dp = cx.Dp, BQ = cx.BQ, nk = kb.nk;
     const int nq = int(std::min<int64_t>(BQ, p.Tq - i0));
     const int Nk = int(round_up(nk, W));  // columns computed; those past nk are never read
+    // The score options: the mask as a tile (a tile it hides wholly adds
+    // nothing), and the softcap's derivative, both laid out like P.
+    TileMods mods{score.active ? &score : nullptr, i0, kb.j0, nullptr, nullptr, kBlockK};
+    if (p.score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) {
+        float* bias = scratch(size_t(BQ) * kBlockK, 9);
+        if (!mask_tile(p, cx.io.score, b, h, i0, nq, kb.j0, nk, false, bias, kBlockK, Nk)) return;
+        mods.bias = bias;
+    }
+    if (p.score_mods & FA_SCORE_SOFTCAP) mods.dcap = scratch(size_t(BQ) * kBlockK, 10);
     float* Qr = scratch(size_t(BQ) * Dp, 3);
     float* dOr = scratch(size_t(BQ) * Dp, 4);
     float* P = scratch(size_t(BQ) * kBlockK, 5);
@@ -316,10 +359,11 @@ void query_tile(const Context& cx, const KeyBlock& kb, const float* q0, const fl
     if (masked) {
         for (int r = 0; r < nq; ++r) row_keys(p, i0 + r, kb.j0, nk, klo[r], khi[r]);
         for (int j = 0; j < nk; ++j) key_columns(p, kb.j0 + j, i0, nq, qlo[j], qhi[j]);
-        probabilities_and_gradients<true>(kb, nq, Nk, D, Dp, Qr, dOr, lse, delta, klo, khi, P, dS);
+        probabilities_and_gradients<true>(kb, nq, Nk, D, Dp, Qr, dOr, lse, delta, klo, khi, mods,
+                                          P, dS);
     } else {
-        probabilities_and_gradients<false>(kb, nq, Nk, D, Dp, Qr, dOr, lse, delta, klo, khi, P,
-                                           dS);
+        probabilities_and_gradients<false>(kb, nq, Nk, D, Dp, Qr, dOr, lse, delta, klo, khi, mods,
+                                           P, dS);
     }
     // Products over the query rows, C (keys x Dp) += A^T B: dV += P^T dO and
     // dK += dS^T Q; ranged where a masked zero of A faces an inf or NaN of B.
@@ -398,6 +442,7 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
             const KeyBlock block{Kt, Vt, Kp, j0, nk, all_finite(Kp, nk, D, Dp), dK, dV};
             for (int64_t h = heads0; h < heads1; ++h) {
                 const int64_t bh = b * p.H + h;
+                const ScoreMods score = ScoreMods::of(p, io.score, b, h);
                 const float* q0 = io.q + b * p.q.b + h * p.q.h;
                 const float* do0 = io.dout + b * p.dout.b + h * p.dout.h;
                 int64_t ldq;
@@ -409,8 +454,8 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
                         prefetch_rows(q0 + (i0 + cx.BQ) * p.q.t, next, D, p.q.t);
                         prefetch_rows(do0 + (i0 + cx.BQ) * p.dout.t, next, D, p.dout.t);
                     }
-                    query_tile(cx, block, q0, do0, io.lse + bh * p.Tq, cx.delta + bh * p.Tq, i0,
-                               dq + (i0 - ch.row0) * ldq, ldq);
+                    query_tile(cx, block, score, b, h, q0, do0, io.lse + bh * p.Tq,
+                               cx.delta + bh * p.Tq, i0, dq + (i0 - ch.row0) * ldq, ldq);
                 }
             }
         }

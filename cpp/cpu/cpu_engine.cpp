@@ -9,6 +9,10 @@ namespace {
 class CpuEngine final : public Engine {
 public:
     std::string name() const override { return "cpu"; }
+    int score_mods_supported(bool) const override {
+        return FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT |
+               FA_SCORE_SINKS;
+    }
     void forward(const FlashParams& p, const ForwardIO& io) override {
         cpu::attention_forward(p, io);
     }

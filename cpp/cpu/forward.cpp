@@ -25,6 +25,7 @@
 #include "cpu/merge.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tiles.h"
+#include "cpu/score_mods.h"
 
 FLASHATTN_CPU_KERNELS(FLASHATTN_CPU_ISA)
 
@@ -36,15 +37,43 @@ using simd::vi;
 
 constexpr float kHeadroom = 11.0f;  // e^11: about 2^16
 
-// exp(S^T - m) as S^T leaves the registers, with each column's max score
-// and sum of exponentials folded into colmax and colsum.
+// The score options on S^T as it leaves the registers: rows are keys from
+// key0, lanes queries from query0; bias is the mask tile (row stride ld) or null.
+struct ModsEpilogue {
+    const ScoreMods* mods;  // null: plain attention
+    int64_t key0, query0;
+    const float* bias;
+    int64_t ld;
+
+    template <int MR, int NV>
+    void apply(vf (&c)[MR][NV]) const {
+        if (!mods) return;
+        const vi lane = simd::iota();
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; ++v) {
+                const int32_t diff = int32_t(query0 + v * W + mods->offset - (key0 + r));
+                c[r][v] = mods->apply(c[r][v], lane + diff,
+                                      bias ? bias + r * ld + v * W : nullptr, nullptr);
+            }
+    }
+    ModsEpilogue at(int m, int n) const {
+        return {mods, key0 + m, query0 + n, bias ? bias + m * ld + n : nullptr, ld};
+    }
+};
+
+// exp(S^T - m) as S^T leaves the registers (after the score options), with
+// each column's max score and sum of exponentials folded into colmax and colsum.
 struct ScoreEpilogue {
     const float* m;
     float* colmax;
     float* colsum;
+    ModsEpilogue mods;
 
     template <int MR, int NV>
     void apply(vf (&c)[MR][NV]) const {
+        mods.apply(c);
 #pragma GCC unroll 16
         for (int v = 0; v < NV; ++v) {
             const vf ref = simd::load(m + v * W);
@@ -61,7 +90,9 @@ struct ScoreEpilogue {
             simd::store(colsum + v * W, simd::load(colsum + v * W) + sum);
         }
     }
-    ScoreEpilogue at(int, int n) const { return {m + n, colmax + n, colsum + n}; }
+    ScoreEpilogue at(int mr, int n) const {
+        return {m + n, colmax + n, colsum + n, mods.at(mr, n)};
+    }
 };
 
 // One key block's online-softmax step on the scores S^T (nk x BQ, already
@@ -109,15 +140,19 @@ struct TileOutput {
     float* lse = nullptr;
 };
 
-// One tile: rows [R0, R0 + nq) of kv head hk's rows, its group's query
-// heads packed (tiles.h, g = p.group), against the keys of `keys`; those
-// outside a row's band are masked.
-void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t hk, int64_t R0,
-                   int nq, int BQ, Range keys, const TileOutput& out) {
+// One tile: rows [R0, R0 + nq) of the query heads head0 .. head0 + g - 1
+// of batch b, packed (tiles.h: row R is position R / g of head
+// head0 + R % g; g = p.group packs a kv head's whole group, g = 1 is one
+// head's rows), against the keys of `keys`; those outside a row's band are
+// masked. Score options need g = 1 (their values are per head). The head's
+// sink, if any, is counted where with_sink says (one split-KV part only).
+void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t head0, int g,
+                   int64_t R0, int nq, int BQ, Range keys, const TileOutput& out,
+                   bool with_sink) {
     const int D = p.D;
     const int Dp = int(round_up(D, W));
-    const int g = p.group;
-    const int64_t head0 = hk * g;  // query head of row R: head0 + R % g
+    const int64_t hk = head0 / p.group;
+    const int64_t h = head0, i0 = R0;  // the head and first row, where g == 1 (score options)
     const float* k0 = io.k + b * p.k.b + hk * p.k.h;
     const float* v0 = io.v + b * p.v.b + hk * p.v.h;
 
@@ -132,6 +167,9 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     float* colsum = scratch(size_t(BQ), 8);
     bool have_max = false;  // every row has seen a key: m is finite
     int lo[kBlockK], hi[kBlockK];
+    const ScoreMods mods = ScoreMods::of(p, io.score, b, h);
+    const bool masked = p.score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT);
+    float* bias = masked ? scratch(size_t(kBlockK) * BQ, 10) : nullptr;  // the mask, keys x queries
 
     // Scores stay in natural units, scale * q times k (the backward
     // recomputes them bit for bit), until m is subtracted: s - m is exact
@@ -147,18 +185,37 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
         for (int r = nq; r < BQ; ++r) Qt[d * BQ + r] = 0.0f;
     }
     std::memset(O, 0, sizeof(float) * size_t(BQ) * Dp);
-    for (int r = 0; r < BQ; ++r) m[r] = -simd::kInf, l[r] = 0.0f;
+    // A sink is one more logit, with a zero value: it starts the running
+    // max and sum (a sink of -inf, or none, starts them empty).
+    const float sink = io.score.sinks && with_sink ? io.score.sinks[h] : -simd::kInf;
+    for (int r = 0; r < BQ; ++r) m[r] = sink, l[r] = sink == -simd::kInf ? 0.0f : 1.0f;
     for (int j = 0; j < kBlockK; ++j)
         for (int d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
 
-    for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK) {
+    // Key blocks in order, except with ALiBi: its bias falls with the
+    // distance from the diagonal, so the blocks go from the one holding the
+    // first row's diagonal outwards (down, then up). The running max then
+    // starts near its final value and later blocks rarely exceed it by the
+    // headroom, which would make each of them a second pass.
+    const int64_t n_blocks = (keys.end - keys.begin + kBlockK - 1) / kBlockK;
+    const int64_t first = mods.alibi && n_blocks > 0
+                              ? std::clamp<int64_t>((i0 + p.Tk - p.Tq - keys.begin) / kBlockK, 0,
+                                                    n_blocks - 1)
+                              : 0;
+    for (int64_t n = 0; n < n_blocks; ++n) {
+        const int64_t kb = n <= first ? first - n : n;  // first, first - 1, ..., 0, first + 1, ...
+        const int64_t j0 = keys.begin + kb * kBlockK;
         const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));
-        const bool full = block_inside_band(p, R0, R0 + nq, j0, j0 + nk, g);
-        if (j0 + kBlockK < keys.end) {  // the next block's K and V, while this one computes
-            const int next = int(std::min<int64_t>(kBlockK, keys.end - j0 - kBlockK));
-            prefetch_rows(k0 + (j0 + kBlockK) * p.k.t, next, D, p.k.t);
-            prefetch_rows(v0 + (j0 + kBlockK) * p.v.t, next, D, p.v.t);
+        if (n + 1 < n_blocks && !mods.alibi) {  // the next block's K and V, while this one computes
+            const int64_t j1 = j0 + kBlockK;
+            const int next = int(std::min<int64_t>(kBlockK, keys.end - j1));
+            prefetch_rows(k0 + j1 * p.k.t, next, D, p.k.t);
+            prefetch_rows(v0 + j1 * p.v.t, next, D, p.v.t);
         }
+        if (masked && !mask_tile(p, io.score, b, h, i0, nq, j0, nk, true, bias, BQ, BQ))
+            continue;  // the mask hides every score of this block
+        const ModsEpilogue mod{mods.active ? &mods : nullptr, j0, i0, bias, BQ};
+        const bool full = block_inside_band(p, R0, R0 + nq, j0, j0 + nk, g);
         // V rows serve as the B operand in place when they need no padding.
         const float* Vb = v0 + j0 * p.v.t;
         int64_t ldv = p.v.t;
@@ -174,7 +231,7 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
                 simd::store(colsum + col, vf{});
             }
             gemm<false>(nk, BQ, D, Kb, p.k.t, Qt, BQ, ST, BQ, nullptr, false,
-                        ScoreEpilogue{m, colmax, colsum});
+                        ScoreEpilogue{m, colmax, colsum, mod});
             bool stale = false;
             for (int r = 0; r < nq; ++r) stale |= colmax[r] > m[r] + kHeadroom;
             if (!stale) {
@@ -185,7 +242,7 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
             }
         }
         // The two-pass step: S^T = K Q^T, then max, rescale and exponentials.
-        gemm<false>(nk, BQ, D, Kb, p.k.t, Qt, BQ, ST, BQ, nullptr, false);
+        gemm<false>(nk, BQ, D, Kb, p.k.t, Qt, BQ, ST, BQ, nullptr, false, mod);
         if (!full)
             for (int j = 0; j < nk; ++j) key_columns(p, j0 + j, R0, nq, lo[j], hi[j], g);
         online_softmax(ST, nk, BQ, full, lo, hi, m, l, corr);
@@ -210,11 +267,11 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
         // that row's output must say so; l == 0 means every score it saw was
         // -inf, so every key dropped out and it is a row that sees no key
         // (or, for a split-KV part, no key of its range).
-        if (row_sees_keys(p, R, g) && l[r] != 0.0f) {
+        if ((row_sees_keys(p, R, g) || sink != -simd::kInf) && l[r] != 0.0f) {
             const float inv = 1.0f / l[r];
             for (int d = 0; d < D; ++d) dst[d] = O[r * Dp + d] * inv;
             *lse = m[r] + std::log(l[r]);
-        } else {  // a row that sees no key
+        } else {  // a row that sees no key (nor a sink)
             for (int d = 0; d < D; ++d) dst[d] = 0.0f;
             *lse = -simd::kInf;
         }
@@ -233,32 +290,36 @@ constexpr int64_t kTargetTasks = 16;
 constexpr int64_t kSplitMinKeys = 512;
 
 void attention_forward(const FlashParams& p, const ForwardIO& io) {
-    const int g = p.group;
-    const int64_t rows = int64_t(p.Tq) * g;  // per kv head, its query heads packed
+    // A kv head's query heads share a tile, unless a score option (whose
+    // values are per head) is in force: then each head has its own tiles.
+    const int g = p.score_mods == 0 ? p.group : 1;
+    const int64_t units = int64_t(p.B) * p.H / g;  // per batch and kv head, or per query head
+    const int64_t rows = int64_t(p.Tq) * g;        // per unit, its query heads packed
     const int BQ = query_block(rows, W);
     const int64_t blocks = (rows + BQ - 1) / BQ;
-    const int64_t tiles = int64_t(p.B) * p.Hkv * blocks;
+    const int64_t tiles = units * blocks;
     const int64_t splits =
         tiles >= kTargetTasks
             ? 1
             : std::max<int64_t>(1, std::min((kTargetTasks + tiles - 1) / tiles,
                                             int64_t(p.Tk) / kSplitMinKeys));
     struct Tile {
-        int64_t b, hk, R0;
+        int64_t b, head0, R0;
         int nq;
     };
     // Consecutive tasks share a kv head, so its K and V stay in cache; within
     // a head the last query blocks (the most keys under a causal mask) come
     // first, so the tasks left at the end are small and threads finish together.
+    const int64_t per_batch = p.H / g;
     auto tile_of = [&](int64_t t) {
-        const int64_t bh = t / blocks, R0 = (blocks - 1 - t % blocks) * BQ;
-        return Tile{bh / p.Hkv, bh % p.Hkv, R0, int(std::min<int64_t>(BQ, rows - R0))};
+        const int64_t u = t / blocks, R0 = (blocks - 1 - t % blocks) * BQ;
+        return Tile{u / per_batch, u % per_batch * g, R0, int(std::min<int64_t>(BQ, rows - R0))};
     };
     if (splits == 1) {
         parallel_for(tiles, [&](int64_t t) {
             const Tile x = tile_of(t);
-            forward_block(p, io, x.b, x.hk, x.R0, x.nq, BQ, keys_of_rows(p, x.R0, x.R0 + x.nq, g),
-                          TileOutput{});
+            forward_block(p, io, x.b, x.head0, g, x.R0, x.nq, BQ,
+                          keys_of_rows(p, x.R0, x.R0 + x.nq, g), TileOutput{}, true);
         });
         return;
     }
@@ -272,16 +333,18 @@ void attention_forward(const FlashParams& p, const ForwardIO& io) {
             round_up((std::max<int64_t>(band.end - band.begin, 0) + splits - 1) / splits, kBlockK);
         const int64_t begin = std::min(band.end, band.begin + s * chunk);
         const Range keys{begin, std::min(band.end, begin + chunk)};
-        forward_block(p, io, x.b, x.hk, x.R0, x.nq, BQ, keys,
+        // A sink is one logit of the row, not of each part: the first part has it.
+        forward_block(p, io, x.b, x.head0, g, x.R0, x.nq, BQ, keys,
                       TileOutput{part_o.data() + size_t(t) * BQ * p.D,
-                                 part_lse.data() + size_t(t) * BQ});
+                                 part_lse.data() + size_t(t) * BQ},
+                      s == 0);
     });
     parallel_for(tiles, [&](int64_t t) {
         const Tile x = tile_of(t);
         const float* o_parts = part_o.data() + size_t(t * splits) * BQ * p.D;
         const float* lse_parts = part_lse.data() + size_t(t * splits) * BQ;
         for (int r = 0; r < x.nq; ++r) {
-            const int64_t R = x.R0 + r, tq = R / g, h = x.hk * g + R % g;
+            const int64_t R = x.R0 + r, tq = R / g, h = x.head0 + R % g;
             merge_row(int(splits), o_parts + r * p.D, int64_t(BQ) * p.D, lse_parts + r, BQ, p.D,
                       io.o + x.b * p.o.b + h * p.o.h + tq * p.o.t,
                       io.lse + (x.b * p.H + h) * int64_t(p.Tq) + tq);

@@ -22,6 +22,10 @@
 namespace flashattn::metal {
 namespace {
 
+// The score options' arrays: bound only when the call has them (the metal
+// engine applies no score option yet, so today never).
+bool optional_slot(Slot s) { return s == Slot::alibi || s == Slot::mask || s == Slot::sinks; }
+
 std::string describe(NSError* error) {
     if (!error) return "no error information";
     NSString* text = error.localizedDescription;
@@ -258,7 +262,8 @@ void Device::execute(const Plan& plan, const Call& call) {
                 " threads per threadgroup; this device allows " +
                 std::to_string(state.maxTotalThreadsPerThreadgroup) + " for it");
         for (const Slot slot : launch.buffers)
-            if (slot != Slot::params && !call.binding(slot).bound)
+            if (slot != Slot::params && slot != Slot::score && !optional_slot(slot) &&
+                !call.binding(slot).bound)
                 throw std::runtime_error("metal: kernel '" + launch.kernel + "' binds '" +
                                          slot_name(slot) + "', which this call has no buffer for");
         pipelines[i] = state;
@@ -306,6 +311,13 @@ void Device::execute(const Plan& plan, const Call& call) {
                     const Slot slot = launch.buffers[index];
                     if (slot == Slot::params) {
                         [encoder setBytes:&params length:sizeof(FlashParams) atIndex:index];
+                    } else if (slot == Slot::score) {
+                        [encoder setBytes:&plan.score length:sizeof(FlashScoreParams) atIndex:index];
+                    } else if (optional_slot(slot) && !call.binding(slot).bound) {
+                        // An option the call does not use: the kernel reads
+                        // nothing there, but Metal wants a buffer bound.
+                        const Call::Binding& any = call.binding(launch.buffers[0]);
+                        [encoder setBuffer:any.handle offset:any.offset atIndex:index];
                     } else {
                         const Call::Binding& bound = call.binding(slot);
                         [encoder setBuffer:bound.handle offset:bound.offset atIndex:index];

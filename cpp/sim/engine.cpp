@@ -10,13 +10,30 @@
 namespace flashattn {
 namespace {
 
+// The score options' arrays; an absent one is bound to `any` (the kernels
+// read none of them without its score_mods bit, as the metal host does).
+void bind_score_arrays(sim::SlotPointers& slots, const ScoreInputs& in, const float* any) {
+    auto or_any = [&](const void* p) { return const_cast<void*>(p ? p : static_cast<const void*>(any)); };
+    slots[size_t(Slot::alibi)] = or_any(in.alibi_slopes);
+    slots[size_t(Slot::mask)] = or_any(in.mask);
+    slots[size_t(Slot::sinks)] = or_any(in.sinks);
+}
+
 class MetalSimEngine final : public Engine {
 public:
     std::string name() const override { return "metal-sim"; }
 
+    // The kernels apply every score option, both ways.
+    int score_mods_supported(bool) const override {
+        return FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT |
+               FA_SCORE_SINKS;
+    }
+
     void forward(const FlashParams& p, const ForwardIO& io) override {
-        const Plan plan = plan_forward(p);
+        Plan plan = plan_forward(p);
+        plan.score = io.score.params;
         sim::SlotPointers slots{};
+        bind_score_arrays(slots, io.score, io.q);
         slots[size_t(Slot::q)] = const_cast<float*>(io.q);
         slots[size_t(Slot::k)] = const_cast<float*>(io.k);
         slots[size_t(Slot::v)] = const_cast<float*>(io.v);
@@ -26,8 +43,10 @@ public:
     }
 
     void backward(const FlashParams& p, const BackwardIO& io) override {
-        const Plan plan = plan_backward(p);
+        Plan plan = plan_backward(p);
+        plan.score = io.score.params;
         sim::SlotPointers slots{};
+        bind_score_arrays(slots, io.score, io.q);
         slots[size_t(Slot::dout)] = const_cast<float*>(io.dout);
         slots[size_t(Slot::q)] = const_cast<float*>(io.q);
         slots[size_t(Slot::k)] = const_cast<float*>(io.k);

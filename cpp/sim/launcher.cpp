@@ -558,6 +558,8 @@ void run_plan(const Plan& plan, const SlotPointers& call_slots) {
         for (Slot s : launch.buffers) {
             if (s == Slot::params)
                 buffers.push_back({&params, true});
+            else if (s == Slot::score)
+                buffers.push_back({const_cast<FlashScoreParams*>(&plan.score), true});
             else
                 buffers.push_back({slots[size_t(s)], false});
         }

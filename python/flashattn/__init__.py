@@ -18,6 +18,8 @@ from . import reference
 from ._api import (
     attention,
     attention_backward,
+    attention_varlen,
+    attention_varlen_backward,
     backends,
     get_num_threads,
     set_num_threads,
@@ -38,6 +40,8 @@ __version__ = "0.1.0"
 __all__ = [
     "attention",
     "attention_backward",
+    "attention_varlen",
+    "attention_varlen_backward",
     "merge_states",
     "backends",
     "reference",

@@ -11,7 +11,8 @@ from . import _args, _core
 from ._arrays import host_array
 from .memory import _contiguous_copy
 
-__all__ = ["attention", "attention_backward", "backends", "set_num_threads", "get_num_threads"]
+__all__ = ["attention", "attention_backward", "attention_varlen", "attention_varlen_backward",
+           "backends", "set_num_threads", "get_num_threads"]
 
 
 def backends() -> list[str]:
@@ -79,8 +80,28 @@ def _backend(fn: str, backend) -> str | None:
     return backend
 
 
-def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, return_lse=False,
-              backend=None):
+def _score_options(fn: str, q: np.ndarray, k: np.ndarray, softcap, alibi_slopes, mask,
+                   sinks) -> dict:
+    """The score options checked (the reference runs the same checks) and
+    as _core takes them: the slopes as a (B, H) view, the mask as a
+    broadcast (B, H, Tq, Tk) view, a bool mask viewed as bytes."""
+    if q.ndim != 4 or k.ndim != 4:  # the core reports the shapes before it reads any option
+        return dict(softcap=_args.softcap(fn, softcap))
+    B, Tq, H, _ = q.shape
+    Tk = k.shape[1]
+    out = dict(softcap=_args.softcap(fn, softcap),
+               alibi_slopes=_args.alibi_slopes(fn, alibi_slopes, B, H),
+               sinks=_args.sinks(fn, sinks, H), mask_bool=None, mask_float=None)
+    mask = _args.mask(fn, mask, B, H, Tq, Tk)
+    if mask is not None and mask.dtype == np.bool_:
+        out["mask_bool"] = mask.view(np.uint8)
+    elif mask is not None:
+        out["mask_float"] = mask
+    return out
+
+
+def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, softcap=0.0,
+              alibi_slopes=None, mask=None, sinks=None, return_lse=False, backend=None):
     """Exact softmax attention, fused: memory O(B·H·T), never O(T²).
 
     Args:
@@ -92,12 +113,20 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, return_lse=
         window: (left, right): query at position p sees keys
             p - left <= j <= p + right; -1 is unbounded. Causal caps right at 0.
         scale: multiplies q·k; default 1/sqrt(D).
-        return_lse: also return the log-sum-exp of the scaled scores.
+        softcap: when > 0, each score s = scale·q·k becomes
+            softcap·tanh(s / softcap) (FlashAttention-2, Gemma), before any bias.
+        alibi_slopes: float32 (H,) or (B, H): adds -slope·|p - j| to the score.
+        mask: bool (True: may attend) or float32 (added to the score), any
+            shape broadcastable to (B, H, Tq, Tk); read in place, never expanded.
+        sinks: float32 (H,): one extra logit per head in every row's softmax
+            denominator, with a zero value vector (gpt-oss, MLX); lse includes it.
+        return_lse: also return the log-sum-exp of the scores.
         backend: an engine from backends(); default the first.
 
     Returns:
         o, (B, Tq, H, D) float32, or (o, lse) with lse (B, H, Tq) float32
-        (natural log). A row that sees no key gets o = 0 and lse = -inf.
+        (natural log). A row that sees no key gets o = 0 and lse = -inf
+        (lse = its sink, with sinks).
 
     Inputs whose last axis is contiguous are read in place whatever their other
     strides; other float32 layouts are copied once. Other dtypes raise TypeError.
@@ -106,13 +135,14 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, return_lse=
     q, k, v = (_input(fn, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
     causal, return_lse = _args.flag(fn, "causal", causal), _args.flag(fn, "return_lse", return_lse)
     left, right = _args.window(fn, window)
+    score = _score_options(fn, q, k, softcap, alibi_slopes, mask, sinks)
     o, lse = _core.forward(q, k, v, causal, left, right, _args.scale(fn, scale),
-                           _backend(fn, backend))
+                           backend=_backend(fn, backend), **score)
     return (o, lse) if return_lse else o
 
 
 def attention_backward(do, q, k, v, o, lse, *, causal=False, window=(-1, -1), scale=None,
-                       backend=None):
+                       softcap=0.0, alibi_slopes=None, mask=None, sinks=None, backend=None):
     """Gradients of attention(q, k, v, ...) for the output gradient ``do``.
 
     ``o`` and ``lse`` are the outputs of the forward call with the same options
@@ -120,8 +150,8 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, window=(-1, -1), sc
     them tile by tile (FlashAttention-2), so memory stays O(B·H·T).
 
     Returns:
-        dq, dk, dv: float32, shaped like q, k, v. Rows that saw no key
-        contribute zero gradient.
+        dq, dk, dv: float32, shaped like q, k, v, and dsinks (H,) when
+        ``sinks`` is given. Rows that saw no key contribute zero gradient.
     """
     fn = "attention_backward"
     arrays = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse}
@@ -130,5 +160,84 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, window=(-1, -1), sc
         lse = _contiguous_copy(lse)  # (B, H, Tq): O(B·H·T) at most
     causal = _args.flag(fn, "causal", causal)
     left, right = _args.window(fn, window)
+    score = _score_options(fn, q, k, softcap, alibi_slopes, mask, sinks)
     return _core.backward(do, q, k, v, o, lse, causal, left, right, _args.scale(fn, scale),
-                          _backend(fn, backend))
+                          backend=_backend(fn, backend), **score)
+
+
+def _varlen_arguments(fn, arrays, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                      softcap, alibi_slopes, sinks):
+    """The arrays as _input makes them, the prefix sums checked, the options
+    as _core takes them (slopes (batch, H))."""
+    arrays = {name: _input(fn, name, x) for name, x in arrays.items()}
+    q, k = arrays["q"], arrays["k"]
+    for name in ("q", "k"):
+        if arrays[name].ndim != 3:
+            raise ValueError(f"{fn}: {name} must have 3 dimensions (total_{name}, heads, D), "
+                             f"got shape {arrays[name].shape}")
+    cu_q = _args.cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0])
+    cu_k = _args.cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0])
+    if cu_q.shape != cu_k.shape:
+        raise ValueError(f"{fn}: cu_seqlens_q and cu_seqlens_k must have the same length "
+                         f"(batch + 1), got {cu_q.shape[0]} and {cu_k.shape[0]}")
+    _args.max_seqlen(fn, "max_seqlen_q", max_seqlen_q, cu_q)
+    _args.max_seqlen(fn, "max_seqlen_k", max_seqlen_k, cu_k)
+    batch, H = cu_q.shape[0] - 1, q.shape[1]
+    score = dict(softcap=_args.softcap(fn, softcap),
+                 alibi_slopes=_args.alibi_slopes(fn, alibi_slopes, batch, H),
+                 sinks=_args.sinks(fn, sinks, H))
+    return arrays, cu_q, cu_k, score
+
+
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
+                     max_seqlen_k=None, causal=False, window=(-1, -1), scale=None, softcap=0.0,
+                     alibi_slopes=None, sinks=None, return_lse=False, backend=None):
+    """Attention over a batch of sequences of different lengths, packed
+    (flash_attn_varlen_func's semantics).
+
+    Args:
+        q: (total_q, H, D) float32; k, v: (total_k, Hkv, D) float32.
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) prefix sums starting at
+            0: sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and
+            cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v.
+        max_seqlen_q, max_seqlen_k: accepted for flash_attn's signature; when
+            given, at least the longest sequence.
+        alibi_slopes: float32 (H,) or (batch, H).
+        The other options are attention()'s, applied within each sequence
+        (causal bottom-right in each). Work is the sum of Tq_b·Tk_b.
+
+    Returns:
+        o (total_q, H, D), or (o, lse) with lse (H, total_q).
+    """
+    fn = "attention_varlen"
+    arrays, cu_q, cu_k, score = _varlen_arguments(
+        fn, {"q": q, "k": k, "v": v}, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        softcap, alibi_slopes, sinks)
+    causal, return_lse = _args.flag(fn, "causal", causal), _args.flag(fn, "return_lse", return_lse)
+    left, right = _args.window(fn, window)
+    o, lse = _core.forward_varlen(arrays["q"], arrays["k"], arrays["v"], cu_q, cu_k, causal, left,
+                                  right, _args.scale(fn, scale), backend=_backend(fn, backend),
+                                  **score)
+    return (o, lse) if return_lse else o
+
+
+def attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *,
+                              max_seqlen_q=None, max_seqlen_k=None, causal=False,
+                              window=(-1, -1), scale=None, softcap=0.0, alibi_slopes=None,
+                              sinks=None, backend=None):
+    """Gradients of attention_varlen(q, k, v, ...) for ``do``; ``o`` and
+    ``lse`` (H, total_q) from the forward call with the same options.
+    Returns dq, dk, dv shaped like q, k, v, and dsinks (H,) with ``sinks``."""
+    fn = "attention_varlen_backward"
+    arrays, cu_q, cu_k, score = _varlen_arguments(
+        fn, {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse}, cu_seqlens_q, cu_seqlens_k,
+        max_seqlen_q, max_seqlen_k, softcap, alibi_slopes, sinks)
+    causal = _args.flag(fn, "causal", causal)
+    left, right = _args.window(fn, window)
+    lse = arrays["lse"]
+    if lse.shape != (arrays["q"].shape[1], arrays["q"].shape[0]):
+        raise ValueError(f"{fn}: lse must have shape (H, total_q) = "
+                         f"{(arrays['q'].shape[1], arrays['q'].shape[0])}, got {lse.shape}")
+    return _core.backward_varlen(arrays["do"], arrays["q"], arrays["k"], arrays["v"], arrays["o"],
+                                 np.ascontiguousarray(lse), cu_q, cu_k, causal, left, right,
+                                 _args.scale(fn, scale), backend=_backend(fn, backend), **score)

@@ -13,18 +13,39 @@ def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...
 @overload
 def attention(q: _Array, k: _Array, v: _Array, *, causal: bool = ...,
-              window: tuple[int, int] = ..., scale: float | None = ...,
+              window: tuple[int, int] = ..., scale: float | None = ..., softcap: float = ...,
+              alibi_slopes: _Array | None = ..., mask: _Array | None = ...,
+              sinks: _Array | None = ...,
               return_lse: Literal[False] = ..., backend: str | None = ...) -> _F32: ...
 @overload
 def attention(q: _Array, k: _Array, v: _Array, *, causal: bool = ...,
-              window: tuple[int, int] = ..., scale: float | None = ...,
+              window: tuple[int, int] = ..., scale: float | None = ..., softcap: float = ...,
+              alibi_slopes: _Array | None = ..., mask: _Array | None = ...,
+              sinks: _Array | None = ...,
               return_lse: Literal[True], backend: str | None = ...) -> tuple[_F32, _F32]: ...
 @overload
 def attention(q: _Array, k: _Array, v: _Array, *, causal: bool = ...,
-              window: tuple[int, int] = ..., scale: float | None = ...,
+              window: tuple[int, int] = ..., scale: float | None = ..., softcap: float = ...,
+              alibi_slopes: _Array | None = ..., mask: _Array | None = ...,
+              sinks: _Array | None = ...,
               return_lse: bool, backend: str | None = ...) -> _F32 | tuple[_F32, _F32]: ...
 def attention_backward(do: _Array, q: _Array, k: _Array, v: _Array, o: _Array, lse: _Array, *,
                        causal: bool = ..., window: tuple[int, int] = ...,
-                       scale: float | None = ...,
-                       backend: str | None = ...) -> tuple[_F32, _F32, _F32]: ...
+                       scale: float | None = ..., softcap: float = ...,
+                       alibi_slopes: _Array | None = ..., mask: _Array | None = ...,
+                       sinks: _Array | None = ...,
+                       backend: str | None = ...) -> tuple[_F32, ...]: ...
+def attention_varlen(q: _Array, k: _Array, v: _Array, cu_seqlens_q: _Array, cu_seqlens_k: _Array,
+                     *, max_seqlen_q: int | None = ..., max_seqlen_k: int | None = ...,
+                     causal: bool = ..., window: tuple[int, int] = ...,
+                     scale: float | None = ..., softcap: float = ...,
+                     alibi_slopes: _Array | None = ..., sinks: _Array | None = ...,
+                     return_lse: bool = ..., backend: str | None = ...) -> Any: ...
+def attention_varlen_backward(do: _Array, q: _Array, k: _Array, v: _Array, o: _Array, lse: _Array,
+                              cu_seqlens_q: _Array, cu_seqlens_k: _Array, *,
+                              max_seqlen_q: int | None = ..., max_seqlen_k: int | None = ...,
+                              causal: bool = ..., window: tuple[int, int] = ...,
+                              scale: float | None = ..., softcap: float = ...,
+                              alibi_slopes: _Array | None = ..., sinks: _Array | None = ...,
+                              backend: str | None = ...) -> tuple[_F32, ...]: ...
 def merge_states(o_parts: Any, lse_parts: Any) -> tuple[_Array, _F32]: ...

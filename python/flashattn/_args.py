@@ -91,3 +91,118 @@ def array(fn: str, name: str, value) -> np.ndarray:
             f"use np.asarray({name}, dtype=np.float32)"
         )
     return value
+
+
+# ---- The score options (issue 16): each checked here for the engines and the
+# reference alike. Shapes need the call's sizes, so each takes them.
+
+def softcap(fn: str, value) -> float:
+    """0 (off) or a positive real number, finite in float32."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{fn}: softcap must be a real number (0: off), got {type(value).__name__}")
+    as_float = float(value)
+    if not (as_float >= 0 and as_float <= _FLOAT32_MAX):  # NaN fails both
+        raise ValueError(f"{fn}: softcap must be 0 (off) or positive and finite in float32, "
+                         f"got {value!r}")
+    return as_float
+
+
+# The engines take float32 option arrays; the reference (the oracle) also
+# float64 ones, so that its gradients can be checked by finite differences.
+ENGINE_FLOATS = (np.float32,)
+REFERENCE_FLOATS = (np.float32, np.float64)
+
+
+def _float32_array(fn: str, name: str, value, what: str, floats=ENGINE_FLOATS) -> np.ndarray:
+    """value as a float32 (or one of ``floats``) ndarray; refuses other
+    dtypes rather than guessing a conversion."""
+    value = array(fn, name, value) if isinstance(value, (np.ndarray, np.generic)) else value
+    if not isinstance(value, np.ndarray):
+        raise TypeError(f"{fn}: {name} must be a float32 numpy.ndarray {what} or None, "
+                        f"got {type(value).__name__}")
+    if value.dtype not in floats:
+        raise TypeError(f"{fn}: {name} must be float32 {what}, got {value.dtype}; "
+                        f"convert with {name}.astype(np.float32)")
+    return value
+
+
+def alibi_slopes(fn: str, value, B: int, H: int, floats=ENGINE_FLOATS) -> np.ndarray | None:
+    """None, or float32 slopes of shape (H,) or (B, H), returned as (B, H)
+    (a zero-stride view for (H,)), contiguous along H."""
+    if value is None:
+        return None
+    value = _float32_array(fn, "alibi_slopes", value, "of shape (H,) or (B, H)", floats)
+    if value.shape not in ((H,), (B, H)):
+        raise ValueError(f"{fn}: alibi_slopes must have shape (H,) = ({H},) or (B, H) = "
+                         f"({B}, {H}), got {value.shape}")
+    if not np.isfinite(value).all():
+        raise ValueError(f"{fn}: alibi_slopes must be finite, got {value[~np.isfinite(value)][0]}")
+    return np.broadcast_to(np.ascontiguousarray(value), (B, H))
+
+
+def sinks(fn: str, value, H: int, floats=ENGINE_FLOATS) -> np.ndarray | None:
+    """None, or float32 logits of shape (H,): finite, or -inf (that head has no sink)."""
+    if value is None:
+        return None
+    value = _float32_array(fn, "sinks", value, "of shape (H,)", floats)
+    if value.shape != (H,):
+        raise ValueError(f"{fn}: sinks must have shape (H,) = ({H},), got {value.shape}")
+    bad = np.isnan(value) | np.isposinf(value)
+    if bad.any():
+        raise ValueError(f"{fn}: sinks must be finite or -inf, got {value[bad][0]} for head "
+                         f"{int(np.flatnonzero(bad)[0])}")
+    return np.ascontiguousarray(value)
+
+
+def mask(fn: str, value, B: int, H: int, Tq: int, Tk: int,
+         floats=ENGINE_FLOATS) -> np.ndarray | None:
+    """None, or a bool (True: may attend) or float32 (added to the scores)
+    array broadcastable to (B, H, Tq, Tk), returned as a broadcast view of
+    that shape: zero strides where it broadcasts, nothing copied."""
+    if value is None:
+        return None
+    value = array(fn, "mask", value)
+    if value.dtype != np.bool_ and value.dtype not in floats:
+        raise TypeError(f"{fn}: mask must be bool (True: may attend) or float32 (added to the "
+                        f"scores), got {value.dtype}")
+    if value.dtype != np.bool_ and not value.dtype.isnative:
+        raise TypeError(f"{fn}: mask has non-native byte order ({value.dtype.str})")
+    try:
+        return np.broadcast_to(value, (B, H, Tq, Tk))
+    except ValueError:
+        raise ValueError(f"{fn}: mask must be broadcastable to (B, H, Tq, Tk) = "
+                         f"{(B, H, Tq, Tk)}, got shape {value.shape}") from None
+
+
+def cu_seqlens(fn: str, name: str, value, total: int) -> np.ndarray:
+    """int32 (batch + 1,) prefix sums: 0 first, non-decreasing, ``total`` last."""
+    value = array(fn, name, value)
+    if value.dtype != np.int32:
+        raise TypeError(f"{fn}: {name} must be int32, got {value.dtype}")
+    if value.ndim != 1 or value.shape[0] < 1:
+        raise ValueError(f"{fn}: {name} must have shape (batch + 1,), got {value.shape}")
+    if value[0] != 0:
+        raise ValueError(f"{fn}: {name}[0] must be 0, got {int(value[0])}")
+    down = np.flatnonzero(np.diff(value) < 0)
+    if down.size:
+        i = int(down[0]) + 1
+        raise ValueError(f"{fn}: {name} must be non-decreasing; {name}[{i}] = {int(value[i])} "
+                         f"< {name}[{i - 1}] = {int(value[i - 1])}")
+    if value[-1] != total:
+        i = value.shape[0] - 1
+        raise ValueError(f"{fn}: {name}[{i}] = {int(value[-1])} must equal the number of rows "
+                         f"{total}")
+    return np.ascontiguousarray(value)
+
+
+def max_seqlen(fn: str, name: str, value, cu: np.ndarray) -> int:
+    """None (computed), or an int at least the longest sequence of ``cu``."""
+    longest = int(np.diff(cu).max()) if cu.shape[0] > 1 else 0
+    if value is None:
+        return longest
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{fn}: {name} must be an int or None, got {type(value).__name__}")
+    if int(value) < longest:
+        raise ValueError(f"{fn}: {name} = {int(value)} is shorter than the longest sequence "
+                         f"({longest})")
+    return int(value)

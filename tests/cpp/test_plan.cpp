@@ -43,7 +43,8 @@ int main() {
         CHECK(plan.params.rows_per_head == 128);
         const Launch& l = plan.launches[0];
         CHECK(l.kernel == "flash_fwd_f32_hd64");
-        CHECK((l.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::o, Slot::lse, Slot::params}));
+        CHECK((l.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::o, Slot::lse, Slot::params,
+                                              Slot::score, Slot::alibi, Slot::mask, Slot::sinks}));
         CHECK(same(l.grid, 4 * 4, 2, 2));  // 4 heads per kv head x 4 blocks of 32 rows
         CHECK(same(l.threadgroup, FA_THREADS, 1, 1));
         CHECK(has_constant(l, FA_FC_HEAD_FULL, 1) && has_constant(l, FA_FC_HEAD_VEC4, 1));
@@ -68,7 +69,8 @@ int main() {
         CHECK(fwd.kernel == "flash_fwd_f32_hd128");
         CHECK(same(fwd.grid, 1, 8, 8));
         CHECK((fwd.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::partial_o,
-                                                Slot::partial_lse, Slot::params}));
+                                                Slot::partial_lse, Slot::params, Slot::score,
+                                                Slot::alibi, Slot::mask, Slot::sinks}));
         const Launch& merge = plan.launches[1];
         CHECK(merge.kernel == "flash_fwd_merge_f32");
         CHECK((merge.buffers == std::vector<Slot>{Slot::partial_o, Slot::partial_lse, Slot::o,
@@ -108,13 +110,16 @@ int main() {
         const Launch& dq = plan.launches[1];
         CHECK(dq.kernel == "flash_bwd_dq_f32_hd128");
         CHECK((dq.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse,
-                                               Slot::delta, Slot::dq, Slot::params}));
+                                               Slot::delta, Slot::dq, Slot::params, Slot::score,
+                                               Slot::alibi, Slot::mask, Slot::sinks}));
         CHECK(same(dq.grid, 2 * 5, 3, 2));  // 2 heads per kv head x 5 blocks of 32 rows
         CHECK(same(dq.threadgroup, FA_THREADS, 1, 1));
         const Launch& dkdv = plan.launches[2];
         CHECK(dkdv.kernel == "flash_bwd_dkdv_f32_hd128");
         CHECK((dkdv.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse,
-                                                 Slot::delta, Slot::dk, Slot::dv, Slot::params}));
+                                                 Slot::delta, Slot::dk, Slot::dv, Slot::params,
+                                                 Slot::score, Slot::alibi, Slot::mask,
+                                                 Slot::sinks}));
         CHECK(same(dkdv.grid, 3, 3 * 2, 2));  // two column chunks of 64 per kv head
         CHECK(same(dkdv.threadgroup, FA_THREADS, 1, 1));
         // hd256 accumulates in column chunks: o in 2 of 128, dq and dk/dv in 4 of 64.

@@ -52,6 +52,16 @@ int main() {
                     note(plan_forward(p));
                     note(plan_backward(p));
                 }
+    // Every score option at once (issue 16): the heaviest variant of each kernel.
+    for (int D = 1; D <= 256; ++D) {
+        FlashParams p = shape(2, 113, 203, 8, 2, D);
+        p.score_mods = FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_FLOAT | FA_SCORE_SINKS;
+        note(plan_forward(p));
+        note(plan_backward(p));
+        p.score_mods = FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_BOOL | FA_SCORE_SINKS;
+        note(plan_forward(p));
+        note(plan_backward(p));
+    }
     for (const std::string& line : lines) std::printf("%s\n", line.c_str());
     return 0;
 }

@@ -78,7 +78,7 @@ def pytest_terminal_summary(terminalreporter):
     tr.section("worst error ratio against the float64 reference")
     tr.write_line("ratio = engine error / max(plain float32 NumPy error, 1e-6 x magnitude); "
                   "the limit each test allowed in brackets (xfailed tests included)")
-    order = {"o": 0, "lse": 1, "dq": 2, "dk": 3, "dv": 4}
+    order = {"o": 0, "lse": 1, "dq": 2, "dk": 3, "dv": 4, "dsinks": 5}
     for backend in sorted({b for b, _, _ in WORST}):
         keys = sorted((k for k in WORST if k[0] == backend), key=lambda k: (k[2], order.get(k[1], 9)))
         cells = [f"{name} {WORST[(b, name, f)]:.2f} [{f:g}]" for b, name, f in keys]

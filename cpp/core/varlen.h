@@ -1,0 +1,38 @@
+// Variable-length batches (fa.attention_varlen, flash_attn_varlen_func's
+// semantics): sequence b is rows [cu_q[b], cu_q[b + 1]) of q and
+// [cu_k[b], cu_k[b + 1]) of k and v, and runs as an ordinary call with B = 1
+// on every engine, so the work is the sum of Tq_b * Tk_b and no padding is
+// computed, and causal is bottom-right within each sequence.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "core/engine.h"
+#include "core/params.h"
+
+namespace flashattn {
+
+// The sequences of a call: cu_q and cu_k (batch + 1 entries each), checked
+// as prefix sums of total_q and total_k rows.
+struct Sequences {
+    std::vector<int64_t> cu_q, cu_k;
+    int64_t batch() const { return int64_t(cu_q.size()) - 1; }
+};
+Sequences make_sequences(const char* fn, const int32_t* cu_q, int64_t n_q, const int32_t* cu_k,
+                         int64_t n_k, int64_t total_q, int64_t total_k);
+
+// q (total_q, H, D), k and v (total_k, Hkv, D), any strides with a
+// contiguous last axis; score.alibi_slopes, if given, (batch, H). o is
+// (total_q, H, D) and lse (H, total_q), contiguous.
+void run_forward_varlen(Engine& engine, const Sequences& seqs, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const AttentionOptions& options,
+                        const ScoreOptions& score, float* o, float* lse);
+
+// The gradients, shaped like q, k, v, contiguous; dsinks (H,) with sinks.
+void run_backward_varlen(Engine& engine, const Sequences& seqs, const TensorView& dout,
+                         const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& o, const float* lse, const AttentionOptions& options,
+                         const ScoreOptions& score, float* dq, float* dk, float* dv,
+                         float* dsinks);
+
+}  // namespace flashattn
