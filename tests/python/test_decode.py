@@ -65,3 +65,24 @@ def test_split_keeps_nonfinite_values_in_their_rows():
     assert bad[0, :, 2:4, 5].all(), "rows of kv head 1 see key 2950"
     bad[0, :, 2:4, 5] = False
     assert not bad.any(), "no other entry may be touched"
+
+
+@pytest.mark.parametrize("option", ["sinks", "alibi_slopes", "softcap"])
+def test_decode_with_score_options_matches_reference(backend, option):
+    """Options are per head, so their tiles hold one head each; a split-KV
+    call counts a head's sink in one key chunk only."""
+    from helpers import FORWARD_FACTOR, assert_close_to_reference
+
+    case = Case(1, 2, 3000, 4, 2, 32, causal=True)
+    if not fits(backend, case):
+        pytest.skip(f"{case.id} is beyond {backend}'s size budget")
+    q, k, v, _ = inputs(case, seed=15)
+    values = {"sinks": np.array([0.5, -1.0, 2.0, 30.0], np.float32),
+              "alibi_slopes": np.array([0.01, 0.02, 0.04, 0.08], np.float32),
+              "softcap": 5.0}
+    opts = dict(case.opts(), **{option: values[option]})
+    o, lse = fa.attention(q, k, v, return_lse=True, backend=backend, **opts)
+    o64, lse64 = fa.reference.attention(q, k, v, return_lse=True, **opts)
+    o32, lse32 = fa.reference.attention(q, k, v, return_lse=True, dtype=np.float32, **opts)
+    assert_close_to_reference(o, o64, o32, factor=FORWARD_FACTOR, backend=backend, name="o")
+    assert_close_to_reference(lse, lse64, lse32, factor=FORWARD_FACTOR, backend=backend, name="lse")
