@@ -13,7 +13,8 @@ sliding window against full causal attention at T = 16384, and the peak
 memory of a T = 65536 forward + backward (measured in a child process).
 Then the machine's limits (_bench_limits.py): decode against the read
 bandwidth, long T, the GQA backward against MHA, and small shapes against
-the FMA peak. ``--only decode,small`` runs some sections, ``--skip`` leaves
+the FMA peak. ``bench options`` times the score options and varlen
+(_bench_options.py). ``--only decode,small`` runs some sections, ``--skip`` leaves
 some out. torch is optional (``pip install 'flashattn[bench]'``); without it only the
 cpu engine's own numbers are shown. ``--plot FILE.png`` saves throughput
 against T for both engines (needs matplotlib).
@@ -368,6 +369,10 @@ def run_plot(args, torch, progress, path):
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["options"]:  # the score options' cost and varlen (issue 16)
+        from . import _bench_options
+
+        return _bench_options.main(argv[1:])
     if any(a == "--backend" or a.startswith("--backend=") for a in argv):
         from . import _bench_metal  # the GPU engines' bench (metal against MLX)
 

@@ -1,4 +1,4 @@
-"""`python -m flashattn._bench_options`: what the score options and
+"""`python -m flashattn bench options`: what the score options and
 variable-length batches cost on the cpu engine (issue 16), with torch SDPA's
 counterparts in the same run where it has them.
 
@@ -185,7 +185,7 @@ def varlen_section(repeat):
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashattn._bench_options",
+    parser = argparse.ArgumentParser(prog="python -m flashattn bench options",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=positive_int, default=5, help="timed runs (>= 5)")
