@@ -171,17 +171,8 @@ def _varlen_arguments(fn, arrays, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_
     as _core takes them (slopes (batch, H))."""
     arrays = {name: _input(fn, name, x) for name, x in arrays.items()}
     q, k = arrays["q"], arrays["k"]
-    for name in ("q", "k"):
-        if arrays[name].ndim != 3:
-            raise ValueError(f"{fn}: {name} must have 3 dimensions (total_{name}, heads, D), "
-                             f"got shape {arrays[name].shape}")
-    cu_q = _args.cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0])
-    cu_k = _args.cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0])
-    if cu_q.shape != cu_k.shape:
-        raise ValueError(f"{fn}: cu_seqlens_q and cu_seqlens_k must have the same length "
-                         f"(batch + 1), got {cu_q.shape[0]} and {cu_k.shape[0]}")
-    _args.max_seqlen(fn, "max_seqlen_q", max_seqlen_q, cu_q)
-    _args.max_seqlen(fn, "max_seqlen_k", max_seqlen_k, cu_k)
+    cu_q, cu_k = _args.varlen_sequences(fn, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                        max_seqlen_k)
     batch, H = cu_q.shape[0] - 1, q.shape[1]
     score = dict(softcap=_args.softcap(fn, softcap),
                  alibi_slopes=_args.alibi_slopes(fn, alibi_slopes, batch, H),

@@ -206,3 +206,21 @@ def max_seqlen(fn: str, name: str, value, cu: np.ndarray) -> int:
         raise ValueError(f"{fn}: {name} = {int(value)} is shorter than the longest sequence "
                          f"({longest})")
     return int(value)
+
+
+def varlen_sequences(fn: str, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
+    """The varlen calls' shared checks: q and k are (total, heads, D), the
+    prefix sums are valid for them and of one length, the max_seqlen_* hold.
+    Returns the checked (cu_q, cu_k)."""
+    for name, x in (("q", q), ("k", k)):
+        if np.ndim(x) != 3:
+            raise ValueError(f"{fn}: {name} must have 3 dimensions (total_{name}, heads, D), "
+                             f"got shape {np.shape(x)}")
+    cu_q = cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0])
+    cu_k = cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0])
+    if cu_q.shape != cu_k.shape:
+        raise ValueError(f"{fn}: cu_seqlens_q and cu_seqlens_k must have the same length "
+                         f"(batch + 1), got {cu_q.shape[0]} and {cu_k.shape[0]}")
+    max_seqlen(fn, "max_seqlen_q", max_seqlen_q, cu_q)
+    max_seqlen(fn, "max_seqlen_k", max_seqlen_k, cu_k)
+    return cu_q, cu_k

@@ -172,17 +172,8 @@ def attention_backward(do, q, k, v, o=None, lse=None, *, causal=False, window=(-
 
 def _sequences(fn, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k):
     """The checked prefix sums, and the (rows of q, rows of k) of each sequence."""
-    for name, x in (("q", q), ("k", k)):
-        if np.ndim(x) != 3:
-            raise ValueError(f"{fn}: {name} must have 3 dimensions (total_{name}, heads, D), "
-                             f"got shape {np.shape(x)}")
-    cu_q = _args.cu_seqlens(fn, "cu_seqlens_q", cu_seqlens_q, q.shape[0])
-    cu_k = _args.cu_seqlens(fn, "cu_seqlens_k", cu_seqlens_k, k.shape[0])
-    if cu_q.shape != cu_k.shape:
-        raise ValueError(f"{fn}: cu_seqlens_q and cu_seqlens_k must have the same length "
-                         f"(batch + 1), got {cu_q.shape[0]} and {cu_k.shape[0]}")
-    _args.max_seqlen(fn, "max_seqlen_q", max_seqlen_q, cu_q)
-    _args.max_seqlen(fn, "max_seqlen_k", max_seqlen_k, cu_k)
+    cu_q, cu_k = _args.varlen_sequences(fn, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                        max_seqlen_k)
     return [(slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1]))
             for b in range(cu_q.shape[0] - 1)]
 
