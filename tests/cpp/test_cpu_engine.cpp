@@ -261,6 +261,42 @@ void check_determinism(Engine& e) {
 
 }  // namespace
 
+// softcap's tanh (cpu/score_mods.h) on this path, read off lse: a row with
+// one key has lse = its score, softcap * tanh(q * k / softcap) exactly (the
+// log of a weight of 1 is 0). Scores from 1e-30 to 1e6 and both signs,
+// against tanh in double: within 8 ulps (the fit's 6, and the scaling), and
+// the sign and the cap exact.
+void check_softcap_tanh(Engine& e) {
+    const int64_t n = 4000;
+    std::vector<float> q(n), one(1, 1.0f), o(n), lse(n);
+    for (int64_t i = 0; i < n; ++i) {
+        const double x = std::pow(10.0, -30.0 + 36.0 * double(i / 2) / double(n / 2));
+        q[i] = float(i % 2 ? -x : x);
+    }
+    const TensorView qv{q.data(), {1, n, 1, 1}, {n, 1, 1, 1}};
+    const TensorView kv{one.data(), {1, 1, 1, 1}, {1, 1, 1, 1}};
+    AttentionOptions opt;
+    opt.scale = 1.0;
+    for (const double softcap : {1.0, 30.0, 1e-3}) {
+        FlashParams p = make_forward_params(qv, kv, kv, opt);
+        ScoreOptions so;
+        so.softcap = softcap;
+        const ScoreInputs score = make_score_inputs("attention", p, so);
+        run_forward(e, p, {q.data(), one.data(), one.data(), o.data(), lse.data(), score});
+        double worst = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            const float c = float(softcap);
+            const double want = double(c) * std::tanh(double(q[i]) / double(c));
+            const double ulp = std::nextafter(std::abs(float(want)), INFINITY) - std::abs(float(want));
+            worst = std::max(worst, std::abs(lse[i] - want) / ulp);
+            CHECK(std::signbit(lse[i]) == std::signbit(q[i]));
+            CHECK(std::abs(lse[i]) <= c * (1.0f + 4e-7f));
+        }
+        std::printf("  softcap %g: tanh within %.2f ulps\n", softcap, worst);
+        CHECK(worst <= 8.0);
+    }
+}
+
 int main() {
     // ctest runs this once per compiled instruction set (FLASHATTN_CPU_ISA);
     // one this CPU cannot run is a skip (77), said out loud.
@@ -302,5 +338,6 @@ int main() {
     uint32_t seed = 1;
     for (const Case& c : cases) check_case(*engine, c, seed += 10);
     check_determinism(*engine);
+    check_softcap_tanh(*engine);
     return flashattn_test::finish("test_cpu_engine");
 }
