@@ -10,7 +10,9 @@
 #error "include cpu/isa_begin.h first"
 #endif
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 
 namespace flashattn::cpu::FLASHATTN_CPU_ISA {
 
@@ -55,7 +57,11 @@ inline vi abs(vi d) {
 // near 0 unless they use expm1. Odd, so the sign of x (and of 0) is kept;
 // NaN stays NaN (min and max return their second operand, x, for it).
 inline vf tanh(vf x) {
+#if defined(FLASHATTN_SIMD_AVX512)
+    x = _mm512_range_ps(x, simd::splat(9.0f), 0x2);  // min(|x|, 9), x's sign; NaN stays
+#else
     x = simd::min(simd::splat(9.0f), simd::max(simd::splat(-9.0f), x));
+#endif
     const vf u = x * x;
     vf p = simd::splat(1.3354153e-8f);
     p = simd::fma(p, u, simd::splat(2.0608701e-5f));
@@ -85,8 +91,11 @@ struct ScoreMods {
     static ScoreMods of(const FlashParams& p, const ScoreInputs& in, int64_t b, int64_t h) {
         ScoreMods m;
         m.offset = p.Tk - p.Tq;
+        // (1 / softcap is capped so that a denormal softcap cannot make
+        // 0 * inf = NaN of a zero score.)
         if (p.score_mods & FA_SCORE_SOFTCAP)
-            m.softcap = in.params.softcap, m.inv_softcap = 1.0f / in.params.softcap;
+            m.softcap = in.params.softcap,
+            m.inv_softcap = std::min(1.0f / in.params.softcap, std::numeric_limits<float>::max());
         if (p.score_mods & FA_SCORE_ALIBI)
             m.alibi = true, m.neg_slope = -in.alibi_slopes[b * in.params.alibi_b + h];
         m.active = (p.score_mods & (FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_BOOL |

@@ -295,6 +295,16 @@ void check_softcap_tanh(Engine& e) {
         std::printf("  softcap %g: tanh within %.2f ulps\n", softcap, worst);
         CHECK(worst <= 8.0);
     }
+    // A denormal softcap: 1 / softcap overflows, and a zero score must still be 0, not NaN.
+    std::vector<float> q3 = {0.0f, 1.0f, -2.0f}, o3(3), lse3(3);
+    const TensorView q3v{q3.data(), {1, 3, 1, 1}, {3, 1, 1, 1}};
+    FlashParams p = make_forward_params(q3v, kv, kv, opt);
+    ScoreOptions so;
+    so.softcap = 1e-45;
+    const ScoreInputs score = make_score_inputs("attention", p, so);
+    run_forward(e, p, {q3.data(), one.data(), one.data(), o3.data(), lse3.data(), score});
+    const float c = float(so.softcap);
+    CHECK(lse3[0] == 0.0f && lse3[1] == c && lse3[2] == -c);
 }
 
 int main() {
