@@ -1,8 +1,7 @@
 // The metal engine on a real GPU (Apple only): forward and backward against
 // the cpu engine on awkward shapes, host arrays (one copy each) versus pool
 // arrays (in place), the score options, determinism, concurrent calls, and
-// the error that lists
-// the metallib paths tried. Exits 77 (ctest: skipped) on a Mac without a
+// the error that lists the metallib paths tried. Exits 77 (ctest: skipped) on a Mac without a
 // Metal device or with one the kernels cannot run on (it prints the family).
 #include <algorithm>
 #include <cmath>
