@@ -4,29 +4,33 @@ import numpy as np
 import numpy.typing as npt
 
 _F32 = npt.NDArray[np.float32]
+# q, k, v, do, o and the gradients: float32, or the uint16 bits of float16 /
+# bfloat16, with ``dtype`` naming which ('float32', 'float16', 'bfloat16').
+_Data = npt.NDArray[np.float32] | npt.NDArray[np.uint16]
 
 def backends() -> list[str]: ...
 _U8 = npt.NDArray[np.uint8]
 _I32 = npt.NDArray[np.int32]
 
-def forward(q: _F32, k: _F32, v: _F32, causal: bool, window_left: int, window_right: int,
+def forward(q: _Data, k: _Data, v: _Data, causal: bool, window_left: int, window_right: int,
             scale: float | None, softcap: float = ..., alibi_slopes: _F32 | None = ...,
             mask_bool: _U8 | None = ..., mask_float: _F32 | None = ...,
-            sinks: _F32 | None = ..., backend: str | None = ...) -> tuple[_F32, _F32]: ...
-def backward(do: _F32, q: _F32, k: _F32, v: _F32, o: _F32, lse: _F32, causal: bool,
+            sinks: _F32 | None = ..., backend: str | None = ...,
+            dtype: str = ...) -> tuple[_Data, _F32]: ...
+def backward(do: _Data, q: _Data, k: _Data, v: _Data, o: _Data, lse: _F32, causal: bool,
              window_left: int, window_right: int, scale: float | None, softcap: float = ...,
              alibi_slopes: _F32 | None = ..., mask_bool: _U8 | None = ...,
              mask_float: _F32 | None = ..., sinks: _F32 | None = ...,
-             backend: str | None = ...) -> tuple[_F32, ...]: ...
-def forward_varlen(q: _F32, k: _F32, v: _F32, cu_seqlens_q: _I32, cu_seqlens_k: _I32,
+             backend: str | None = ..., dtype: str = ...) -> tuple[_Data, ...]: ...
+def forward_varlen(q: _Data, k: _Data, v: _Data, cu_seqlens_q: _I32, cu_seqlens_k: _I32,
                    causal: bool, window_left: int, window_right: int, scale: float | None,
                    softcap: float, alibi_slopes: _F32 | None, sinks: _F32 | None,
-                   backend: str | None) -> tuple[_F32, _F32]: ...
-def backward_varlen(do: _F32, q: _F32, k: _F32, v: _F32, o: _F32, lse: _F32,
+                   backend: str | None, dtype: str = ...) -> tuple[_Data, _F32]: ...
+def backward_varlen(do: _Data, q: _Data, k: _Data, v: _Data, o: _Data, lse: _F32,
                     cu_seqlens_q: _I32, cu_seqlens_k: _I32, causal: bool, window_left: int,
                     window_right: int, scale: float | None, softcap: float,
                     alibi_slopes: _F32 | None, sinks: _F32 | None,
-                    backend: str | None) -> tuple[_F32, ...]: ...
+                    backend: str | None, dtype: str = ...) -> tuple[_Data, ...]: ...
 def set_num_threads(n: int) -> None: ...
 def get_num_threads() -> int: ...
 def _cpu_fma_peak(seconds: float, threads: int) -> float: ...
