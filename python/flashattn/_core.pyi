@@ -9,6 +9,7 @@ _F32 = npt.NDArray[np.float32]
 _Data = npt.NDArray[np.float32] | npt.NDArray[np.uint16]
 
 def backends() -> list[str]: ...
+def _engine_dtypes(backend: str) -> list[str]: ...
 _U8 = npt.NDArray[np.uint8]
 _I32 = npt.NDArray[np.int32]
 
