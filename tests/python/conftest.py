@@ -12,7 +12,7 @@ import pytest
 
 import flashattn as fa
 from flashattn import _core, _engines
-from helpers import DTYPES, WORST, Case, fits
+from helpers import DTYPES, WORST, Case, dtype_id, fits
 
 BACKENDS = fa.backends()
 
@@ -40,10 +40,18 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("dtype", [pytest.param(d, id=name) for name, d in DTYPES.items()])
 
 
-# Engine bugs these tests found, by (test function, backend): the test runs
-# and must fail (strict xfail), so an entry has to go when its bug is fixed.
-# Reproductions are in the test named; each engine's owner fixes its own.
+# Engine bugs these tests found, by (test function, backend) or (test
+# function, backend, dtype id): the test runs and must fail (strict xfail),
+# so an entry has to go when its bug is fixed. Reproductions are in the test
+# named; each engine's owner fixes its own.
+_SCALE_1_5 = (
+    "o is 3.69x the float32 NumPy error (limit 2) for B=2, Tq=5, Tk=42, H=Hkv=1, D=58, "
+    "scale=1.5, seed 2, contiguous layouts (scores ~ +-30); main's cpu engine gives the same "
+    "9.62e-6 error on it (checked); drawn since the property tests take a dtype (issue 15); "
+    "cause not analysed yet")
 KNOWN_BUGS: dict = {
+    ("test_forward_property", "cpu", "f32"): _SCALE_1_5,
+    ("test_forward_property", "metal-sim", "f32"): _SCALE_1_5,
 }
 
 
@@ -52,7 +60,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         params = getattr(item, "callspec", None)
         params = params.params if params else {}
-        reason = KNOWN_BUGS.get((getattr(item, "originalname", item.name), params.get("backend")))
+        name = getattr(item, "originalname", item.name)
+        dtype_key = dtype_id(params["dtype"]) if "dtype" in params else None
+        reason = (KNOWN_BUGS.get((name, params.get("backend"), dtype_key))
+                  or KNOWN_BUGS.get((name, params.get("backend"))))
         if reason:
             item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
         dtype = params.get("dtype")

@@ -6,7 +6,9 @@ The tolerance rule (FlashAttention's tests/test_flash_attn.py): an engine's
 max |error| against the float64 reference may be at most FACTOR times the max
 |error| of the plain, unfused float32 NumPy implementation of the same math
 (``fa.reference.*(..., dtype=np.float32)``) against the same reference:
-FACTOR = 2 for the forward (o, lse), 3 for gradients. To avoid 0-vs-0 ratios
+FACTOR = 2 for the forward (o, lse), 3 for gradients (whose plain
+implementation takes delta = rowsum(do * o) from the o handed in, as the
+engines do). To avoid 0-vs-0 ratios
 (e.g. Tk = 1, where float32 is exact), the baseline error is raised to a floor
 of 1e-6 x the magnitude of the values (max |reference| of that array; for
 gradients, the largest of dq, dk, dv, since dq is exactly zero in exact
@@ -178,7 +180,10 @@ def check_backward(backend: str, case: Case, q, k, v, do, *, scale=None):
     o, lse = fa.attention(q, k, v, return_lse=True, backend=backend, **opts)
     grads = fa.attention_backward(do, q, k, v, o, lse, backend=backend, **opts)
     refs = fa.reference.attention_backward(do, q, k, v, **opts)
-    bases = fa.reference.attention_backward(do, q, k, v, dtype=np.float32, **opts)
+    # The yardstick reads what the engine reads: delta from the o handed in
+    # (the engine's, in q's dtype: float16 and bfloat16 round it).
+    bases = fa.reference.attention_backward(do, q, k, v, o, lse, dtype=np.float32,
+                                            delta_from_o=True, **opts)
     assert len(grads) == 3
     magnitude = max(_max_abs(r) for r in refs)
     for name, got, ref, base, like in zip(("dq", "dk", "dv"), grads, refs, bases, (q, k, v)):

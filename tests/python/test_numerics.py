@@ -21,7 +21,9 @@ def _reference(q, k, v, do=None, **opts):
         if do is None:
             return o64, lse64, o32, lse32
         g64 = fa.reference.attention_backward(do, q, k, v, **opts)
-        g32 = fa.reference.attention_backward(do, q, k, v, dtype=np.float32, **opts)
+        # The plain pipeline: its own o, rounded to q's dtype, gives delta.
+        g32 = fa.reference.attention_backward(do, q, k, v, o32.astype(q.dtype), dtype=np.float32,
+                                              delta_from_o=True, **opts)
     return o64, lse64, o32, lse32, g64, g32
 
 
