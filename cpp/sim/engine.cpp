@@ -15,8 +15,8 @@ namespace {
 // them; one the call does not use is bound to `any` (the kernels read none
 // of them without its score_mods bit, as the metal host does).
 void bind_score_arrays(sim::SlotPointers& slots, const FlashParams& p, const ScoreInputs& in,
-                       const float* any) {
-    for (Slot s : {Slot::alibi, Slot::mask, Slot::sinks}) slots[size_t(s)] = const_cast<float*>(any);
+                       const void* any) {
+    for (Slot s : {Slot::alibi, Slot::mask, Slot::sinks}) slots[size_t(s)] = const_cast<void*>(any);
     for (const ScoreArray& a : score_arrays(p, in)) slots[size_t(a.slot)] = const_cast<void*>(a.data);
 }
 
@@ -34,9 +34,9 @@ public:
         plan.score = io.score.params;
         sim::SlotPointers slots{};
         bind_score_arrays(slots, p, io.score, io.q);
-        slots[size_t(Slot::q)] = const_cast<float*>(io.q);
-        slots[size_t(Slot::k)] = const_cast<float*>(io.k);
-        slots[size_t(Slot::v)] = const_cast<float*>(io.v);
+        slots[size_t(Slot::q)] = const_cast<void*>(io.q);
+        slots[size_t(Slot::k)] = const_cast<void*>(io.k);
+        slots[size_t(Slot::v)] = const_cast<void*>(io.v);
         slots[size_t(Slot::o)] = io.o;
         slots[size_t(Slot::lse)] = io.lse;
         sim::run_plan(plan, slots);
@@ -47,11 +47,11 @@ public:
         plan.score = io.score.params;
         sim::SlotPointers slots{};
         bind_score_arrays(slots, p, io.score, io.q);
-        slots[size_t(Slot::dout)] = const_cast<float*>(io.dout);
-        slots[size_t(Slot::q)] = const_cast<float*>(io.q);
-        slots[size_t(Slot::k)] = const_cast<float*>(io.k);
-        slots[size_t(Slot::v)] = const_cast<float*>(io.v);
-        slots[size_t(Slot::o)] = const_cast<float*>(io.o);
+        slots[size_t(Slot::dout)] = const_cast<void*>(io.dout);
+        slots[size_t(Slot::q)] = const_cast<void*>(io.q);
+        slots[size_t(Slot::k)] = const_cast<void*>(io.k);
+        slots[size_t(Slot::v)] = const_cast<void*>(io.v);
+        slots[size_t(Slot::o)] = const_cast<void*>(io.o);
         slots[size_t(Slot::lse)] = const_cast<float*>(io.lse);
         slots[size_t(Slot::dq)] = io.dq;
         slots[size_t(Slot::dk)] = io.dk;

@@ -63,9 +63,14 @@ public:
     }
     std::string name() const override { return "metal host on metal-sim"; }
     int score_mods_supported(bool) const override { return kEveryScoreMod; }
-    OutputBuffer allocate(size_t n) override {
-        auto lease = pool->acquire(n * sizeof(float));
-        return {static_cast<float*>(lease->data), lease};
+    OutputBuffer allocate(size_t bytes) override {
+        auto lease = pool->acquire(bytes);
+        return {lease->data, lease};
+    }
+    // n float32s in the pool.
+    float* floats(size_t n, std::vector<OutputBuffer>& keep) {
+        keep.push_back(allocate(n * sizeof(float)));
+        return static_cast<float*>(keep.back().data);
     }
     void forward(const FlashParams& p, const ForwardIO& io) override {
         last = run_staged_forward(*pool, p, io, execute_on_sim);
@@ -118,23 +123,24 @@ void run_case(const Shape& s, const MaskCase* m, int alibi_kind, bool sinks, flo
     const int64_t nq = int64_t(s.B) * s.Tq * s.H * s.D, nkv = int64_t(s.B) * s.Tk * s.Hkv * s.D;
     // q, k, v, do in pool buffers: bound in place, so the counters below count
     // only the score options' arrays.
+    std::vector<OutputBuffer> keep;  // the pool buffers of this case
     auto in_pool = [&](const std::vector<float>& x) {
-        OutputBuffer b = host.allocate(x.size());
-        std::memcpy(b.data, x.data(), x.size() * sizeof(float));
-        return b;
+        float* b = host.floats(x.size(), keep);
+        std::memcpy(b, x.data(), x.size() * sizeof(float));
+        return static_cast<const float*>(b);
     };
-    const OutputBuffer q = in_pool(random_vector(size_t(nq), rng)),
-                       k = in_pool(random_vector(size_t(nkv), rng)),
-                       v = in_pool(random_vector(size_t(nkv), rng)),
-                       dout = in_pool(random_vector(size_t(nq), rng));
+    const float *q = in_pool(random_vector(size_t(nq), rng)),
+                *k = in_pool(random_vector(size_t(nkv), rng)),
+                *v = in_pool(random_vector(size_t(nkv), rng)),
+                *dout = in_pool(random_vector(size_t(nq), rng));
     auto view4 = [](const float* d, int64_t B, int64_t T, int64_t H, int64_t D) {
         return TensorView{d, {B, T, H, D}, {T * H * D, H * D, D, 1}};
     };
     AttentionOptions opt;
     opt.causal = s.causal;
-    FlashParams p = make_forward_params(view4(q.data, s.B, s.Tq, s.H, s.D),
-                                        view4(k.data, s.B, s.Tk, s.Hkv, s.D),
-                                        view4(v.data, s.B, s.Tk, s.Hkv, s.D), opt);
+    FlashParams p = make_forward_params(view4(q, s.B, s.Tq, s.H, s.D),
+                                        view4(k, s.B, s.Tk, s.Hkv, s.D),
+                                        view4(v, s.B, s.Tk, s.Hkv, s.D), opt);
 
     ScoreOptions so;
     so.softcap = softcap;
@@ -150,14 +156,12 @@ void run_case(const Shape& s, const MaskCase* m, int alibi_kind, bool sinks, flo
     if (sinks) so.sinks = TensorView{sink_logits.data(), {s.H}, {1}};
 
     std::vector<unsigned char> host_mask;
-    OutputBuffer pool_mask;
     std::shared_ptr<void> aligned_mask;
     if (m) {
         const size_t bytes = size_t(m->elements) * (m->is_bool ? 1 : 4);
         unsigned char* mem = nullptr;
         if (m->where == MaskCase::pool_buffer) {
-            pool_mask = host.allocate((bytes + 3) / 4);
-            mem = reinterpret_cast<unsigned char*>(pool_mask.data);
+            mem = reinterpret_cast<unsigned char*>(host.floats((bytes + 3) / 4, keep));
         } else if (m->where == MaskCase::page_aligned) {
             aligned_mask.reset(std::aligned_alloc(kPage, (bytes + kPage - 1) / kPage * kPage), std::free);
             mem = static_cast<unsigned char*>(aligned_mask.get());
@@ -187,38 +191,40 @@ void run_case(const Shape& s, const MaskCase* m, int alibi_kind, bool sinks, flo
 
     // Forward on both.
     std::vector<float> o_sim(static_cast<size_t>(nq)), lse_sim(static_cast<size_t>(lse_elements(p)));
-    run_forward(sim_engine, p, {q.data, k.data, v.data, o_sim.data(), lse_sim.data(), score});
-    OutputBuffer o = host.allocate(size_t(nq)), lse = host.allocate(size_t(lse_elements(p)));
-    run_forward(host, p, {q.data, k.data, v.data, o.data, lse.data, score});
+    run_forward(sim_engine, p, {q, k, v, o_sim.data(), lse_sim.data(), score});
+    float* o = host.floats(size_t(nq), keep);
+    float* lse = host.floats(size_t(lse_elements(p)), keep);
+    run_forward(host, p, {q, k, v, o, lse, score});
     const TransferStats fwd = host.last;
-    const bool fwd_ok = same_bits(o.data, o_sim.data(), o_sim.size()) &&
-                        same_bits(lse.data, lse_sim.data(), lse_sim.size());
+    const bool fwd_ok = same_bits(o, o_sim.data(), o_sim.size()) &&
+                        same_bits(lse, lse_sim.data(), lse_sim.size());
     CHECK(fwd_ok);
 
     // Backward on both, from the same forward.
-    const TensorView o_view = view4(o.data, s.B, s.Tq, s.H, s.D);
-    const TensorView lse_view{lse.data, {s.B, s.H, s.Tq}, {int64_t(s.H) * s.Tq, s.Tq, 1}};
-    FlashParams pb = make_backward_params(view4(dout.data, s.B, s.Tq, s.H, s.D),
-                                          view4(q.data, s.B, s.Tq, s.H, s.D),
-                                          view4(k.data, s.B, s.Tk, s.Hkv, s.D),
-                                          view4(v.data, s.B, s.Tk, s.Hkv, s.D), o_view, lse_view, opt);
+    const TensorView o_view = view4(o, s.B, s.Tq, s.H, s.D);
+    const TensorView lse_view{lse, {s.B, s.H, s.Tq}, {int64_t(s.H) * s.Tq, s.Tq, 1}};
+    FlashParams pb = make_backward_params(view4(dout, s.B, s.Tq, s.H, s.D),
+                                          view4(q, s.B, s.Tq, s.H, s.D),
+                                          view4(k, s.B, s.Tk, s.Hkv, s.D),
+                                          view4(v, s.B, s.Tk, s.Hkv, s.D), o_view, lse_view, opt);
     const ScoreInputs score_b = make_score_inputs("attention_backward", pb, so);
     std::vector<float> g_sim[3] = {std::vector<float>(size_t(nq)), std::vector<float>(size_t(nkv)),
                                    std::vector<float>(size_t(nkv))};
     std::vector<float> ds_sim(size_t(s.H)), ds_host(size_t(s.H));
-    BackwardIO bio{dout.data, q.data, k.data, v.data, o.data, lse.data,
-                   g_sim[0].data(), g_sim[1].data(), g_sim[2].data(), score_b};
+    BackwardIO bio{dout, q, k, v, o, lse, g_sim[0].data(), g_sim[1].data(), g_sim[2].data(),
+                   score_b};
     bio.dsinks = sinks ? ds_sim.data() : nullptr;
     run_backward(sim_engine, pb, bio);
-    OutputBuffer dq = host.allocate(size_t(nq)), dk = host.allocate(size_t(nkv)),
-                 dv = host.allocate(size_t(nkv));
-    bio.dq = dq.data, bio.dk = dk.data, bio.dv = dv.data;
+    float* dq = host.floats(size_t(nq), keep);
+    float* dk = host.floats(size_t(nkv), keep);
+    float* dv = host.floats(size_t(nkv), keep);
+    bio.dq = dq, bio.dk = dk, bio.dv = dv;
     bio.dsinks = sinks ? ds_host.data() : nullptr;
     run_backward(host, pb, bio);
     const TransferStats bwd = host.last;
-    const bool bwd_ok = same_bits(dq.data, g_sim[0].data(), g_sim[0].size()) &&
-                        same_bits(dk.data, g_sim[1].data(), g_sim[1].size()) &&
-                        same_bits(dv.data, g_sim[2].data(), g_sim[2].size()) &&
+    const bool bwd_ok = same_bits(dq, g_sim[0].data(), g_sim[0].size()) &&
+                        same_bits(dk, g_sim[1].data(), g_sim[1].size()) &&
+                        same_bits(dv, g_sim[2].data(), g_sim[2].size()) &&
                         same_bits(ds_host.data(), ds_sim.data(), ds_sim.size());
     CHECK(bwd_ok);
 
