@@ -14,6 +14,12 @@
 // threadgroup memory. X is applied to each bucket.
 #define FA_HEAD_BUCKETS(X) X(32) X(64) X(96) X(128) X(256)
 
+// The storage types of q, k, v, o, do and the gradients (issue 15): X(name,
+// type, arg) for each, name being the host names' dtype part (flash_fwd_f16_
+// hd64) and arg passed through (a head-size bucket). bfloat needs MSL 3.1
+// (the metallib is built with -std=metal3.1).
+#define FA_STORAGE_TYPES(X, arg) X(f32, float, arg) X(f16, half, arg) X(bf16, bfloat, arg)
+
 // The bucket a head size runs in; 0 when D is out of range.
 FA_INLINE fa_int fa_head_bucket(fa_int D) {
     return D < 1 ? 0 : D <= 32 ? 32 : D <= 64 ? 64 : D <= 96 ? 96 : D <= 128 ? 128 : D <= 256 ? 256 : 0;
