@@ -43,22 +43,47 @@ using namespace flashattn;
 
 namespace {
 
-using InputArray = nb::ndarray<const float, nb::device::cpu>;
+using InputArray = nb::ndarray<const float, nb::device::cpu>;  // lse, the score options
+// q, k, v, do, o: float32, or (float16, bfloat16) viewed as uint16 by
+// python/flashattn/_api.py, with the call's dtype named by `dtype`.
+using DataArray = nb::ndarray<nb::ro, nb::device::cpu>;
 using MaskBytes = nb::ndarray<const uint8_t, nb::device::cpu>;  // a bool mask, viewed as bytes
 using PrefixSums = nb::ndarray<const int32_t, nb::ndim<1>, nb::c_contig, nb::device::cpu>;
-using OutputArray = nb::ndarray<nb::numpy, float>;
+// float32, or the raw uint16 bits of float16 / bfloat16 that _api views as such.
+using OutputArray = nb::ndarray<nb::numpy>;
+
+DType dtype_of(const char* fn, const std::string& name) {
+    for (DType d : {DType::f32, DType::f16, DType::bf16})
+        if (name == dtype_name(d)) return d;
+    throw nb::type_error((std::string(fn) + ": dtype must be 'float32', 'float16' or 'bfloat16', "
+                          "got '" + name + "'").c_str());
+}
 
 template <class Array>
-TensorView view_of(const Array& a) {
+TensorView view_of(const Array& a, DType dtype = DType::f32) {
     TensorView t;
     // A view carries a bool mask's bytes too; make_score_inputs hands them
     // on as the untyped pointer the kernels read as bytes.
-    t.data = reinterpret_cast<const float*>(a.data());
+    t.data = a.data();
+    t.dtype = dtype;
     for (size_t i = 0; i < a.ndim(); ++i) {
         t.shape.push_back(int64_t(a.shape(i)));
         t.strides.push_back(int64_t(a.stride(i)));
     }
     return t;
+}
+
+// q, k, v, do or o as a view of `dtype`: float32 elements, or 16-bit ones.
+TensorView data_view(const char* fn, const char* name, const DataArray& a, DType dtype) {
+    const nb::dlpack::dtype want =
+        dtype == DType::f32 ? nb::dtype<float>() : nb::dtype<uint16_t>();
+    const nb::dlpack::dtype got = a.dtype();
+    const bool half_ok = dtype != DType::f32 && got.bits == 16 && got.lanes == 1 &&
+                         (got == want || got.code == uint8_t(nb::dlpack::dtype_code::Float));
+    if (!(got == want) && !half_ok)
+        throw nb::type_error((std::string(fn) + ": " + name + " must hold " + dtype_name(dtype) +
+                              " elements").c_str());
+    return view_of(a, dtype);
 }
 
 // ---- Running compiled work with the GIL released.
@@ -198,73 +223,90 @@ struct PendingOutput {
     OutputBuffer buffer;
     std::vector<size_t> shape;
 
-    PendingOutput(Engine& engine, const char* fn, const char* name, std::vector<size_t> shape_)
-        : shape(std::move(shape_)) {
+    DType dtype;
+
+    PendingOutput(Engine& engine, const char* fn, const char* name, std::vector<size_t> shape_,
+                  DType dtype_ = DType::f32)
+        : shape(std::move(shape_)), dtype(dtype_) {
         size_t n = 1;
         for (size_t s : shape) n *= s;
+        const size_t size = dtype_size(dtype);
         try {
-            buffer = engine.allocate(n);
+            if (n > SIZE_MAX / size) throw std::bad_alloc();
+            buffer = engine.allocate(n * size);
         } catch (const std::bad_alloc&) {
             std::vector<int64_t> dims(shape.begin(), shape.end());
             PyErr_Format(PyExc_MemoryError,
-                         "%s: cannot allocate the output %s of shape %s float32 (%zu bytes) "
+                         "%s: cannot allocate the output %s of shape %s %s (%zu bytes) "
                          "for the %s engine",
-                         fn, name, shape_string(dims).c_str(), n * sizeof(float),
+                         fn, name, shape_string(dims).c_str(), dtype_name(dtype), n * size,
                          engine.name().c_str());
             throw nb::python_error();
         }
     }
+
+    float* floats() const { return static_cast<float*>(buffer.data); }  // lse, dsinks
 
     OutputArray release() {
         auto* owner = new std::shared_ptr<void>(std::move(buffer.owner));
         nb::capsule capsule(owner, [](void* p) noexcept {
             delete static_cast<std::shared_ptr<void>*>(p);
         });
-        return OutputArray(buffer.data, shape.size(), shape.data(), capsule);
+        return OutputArray(buffer.data, shape.size(), shape.data(), capsule, nullptr,
+                           dtype == DType::f32 ? nb::dtype<float>() : nb::dtype<uint16_t>());
     }
 };
 
-nb::tuple forward(InputArray q, InputArray k, InputArray v, bool causal, int64_t window_left,
+nb::tuple forward(DataArray q, DataArray k, DataArray v, bool causal, int64_t window_left,
                   int64_t window_right, std::optional<double> scale, double softcap,
                   std::optional<InputArray> alibi, std::optional<MaskBytes> mask_bool,
                   std::optional<InputArray> mask_float, std::optional<InputArray> sinks,
-                  std::optional<std::string> backend) {
+                  std::optional<std::string> backend, const std::string& dtype_name_) {
     const char* fn = "attention";
-    FlashParams p = make_forward_params(view_of(q), view_of(k), view_of(v),
-                                        options_of(causal, window_left, window_right, scale));
-    const ScoreInputs score = make_score_inputs(
-        fn, p, score_options_of(softcap, alibi, mask_bool, mask_float, sinks));
-    Engine& engine = engine_for(backend);
-    PendingOutput o(engine, fn, "o", {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)});
-    PendingOutput lse(engine, fn, "lse", {size_t(p.B), size_t(p.H), size_t(p.Tq)});
-    run_released([&] {
-        run_forward(engine, p,
-                    {q.data(), k.data(), v.data(), o.buffer.data, lse.buffer.data, score});
-    });
-    return nb::make_tuple(o.release(), lse.release());
-}
-
-nb::tuple backward(InputArray dout, InputArray q, InputArray k, InputArray v, InputArray o,
-                   InputArray lse, bool causal, int64_t window_left, int64_t window_right,
-                   std::optional<double> scale, double softcap, std::optional<InputArray> alibi,
-                   std::optional<MaskBytes> mask_bool, std::optional<InputArray> mask_float,
-                   std::optional<InputArray> sinks, std::optional<std::string> backend) {
-    const char* fn = "attention_backward";
-    FlashParams p = make_backward_params(
-        view_of(dout), view_of(q), view_of(k), view_of(v), view_of(o), view_of(lse),
+    const DType dt = dtype_of(fn, dtype_name_);
+    FlashParams p = make_forward_params(
+        data_view(fn, "q", q, dt), data_view(fn, "k", k, dt), data_view(fn, "v", v, dt),
         options_of(causal, window_left, window_right, scale));
     const ScoreInputs score = make_score_inputs(
         fn, p, score_options_of(softcap, alibi, mask_bool, mask_float, sinks));
     Engine& engine = engine_for(backend);
-    PendingOutput dq(engine, fn, "dq", {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)});
-    PendingOutput dk(engine, fn, "dk", {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)});
-    PendingOutput dv(engine, fn, "dv", {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)});
+    PendingOutput o(engine, fn, "o", {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)}, dt);
+    PendingOutput lse(engine, fn, "lse", {size_t(p.B), size_t(p.H), size_t(p.Tq)});
+    run_released([&] {
+        ForwardIO io{q.data(), k.data(), v.data(), o.buffer.data, lse.floats(), score};
+        io.dtype = dt;
+        run_forward(engine, p, io);
+    });
+    return nb::make_tuple(o.release(), lse.release());
+}
+
+nb::tuple backward(DataArray dout, DataArray q, DataArray k, DataArray v, DataArray o,
+                   InputArray lse, bool causal, int64_t window_left, int64_t window_right,
+                   std::optional<double> scale, double softcap, std::optional<InputArray> alibi,
+                   std::optional<MaskBytes> mask_bool, std::optional<InputArray> mask_float,
+                   std::optional<InputArray> sinks, std::optional<std::string> backend,
+                   const std::string& dtype_name_) {
+    const char* fn = "attention_backward";
+    const DType dt = dtype_of(fn, dtype_name_);
+    FlashParams p = make_backward_params(
+        data_view(fn, "do", dout, dt), data_view(fn, "q", q, dt), data_view(fn, "k", k, dt),
+        data_view(fn, "v", v, dt), data_view(fn, "o", o, dt), view_of(lse),
+        options_of(causal, window_left, window_right, scale));
+    const ScoreInputs score = make_score_inputs(
+        fn, p, score_options_of(softcap, alibi, mask_bool, mask_float, sinks));
+    Engine& engine = engine_for(backend);
+    PendingOutput dq(engine, fn, "dq", {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)}, dt);
+    PendingOutput dk(engine, fn, "dk", {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)},
+                     dt);
+    PendingOutput dv(engine, fn, "dv", {size_t(p.B), size_t(p.Tk), size_t(p.Hkv), size_t(p.D)},
+                     dt);
     std::optional<PendingOutput> dsinks;
     if (sinks) dsinks.emplace(engine, fn, "dsinks", std::vector<size_t>{size_t(p.H)});
     run_released([&] {
         BackwardIO io{dout.data(),    q.data(),       k.data(),      v.data(), o.data(),
                       lse.data(),     dq.buffer.data, dk.buffer.data, dv.buffer.data, score};
-        io.dsinks = dsinks ? dsinks->buffer.data : nullptr;
+        io.dtype = dt;
+        io.dsinks = dsinks ? dsinks->floats() : nullptr;
         run_backward(engine, p, io);
     });
     if (dsinks)
@@ -273,7 +315,7 @@ nb::tuple backward(InputArray dout, InputArray q, InputArray k, InputArray v, In
 }
 
 Sequences sequences_of(const char* fn, const PrefixSums& cu_q, const PrefixSums& cu_k,
-                       const InputArray& q, const InputArray& k) {
+                       const DataArray& q, const DataArray& k) {
     if (q.ndim() != 3 || k.ndim() != 3)
         throw std::invalid_argument(std::string(fn) + ": q and k must have 3 dimensions "
                                     "(total, heads, D)");
@@ -281,58 +323,64 @@ Sequences sequences_of(const char* fn, const PrefixSums& cu_q, const PrefixSums&
                           int64_t(cu_k.shape(0)), int64_t(q.shape(0)), int64_t(k.shape(0)));
 }
 
-nb::tuple forward_varlen(InputArray q, InputArray k, InputArray v, PrefixSums cu_q,
+nb::tuple forward_varlen(DataArray q, DataArray k, DataArray v, PrefixSums cu_q,
                          PrefixSums cu_k, bool causal, int64_t window_left, int64_t window_right,
                          std::optional<double> scale, double softcap,
                          std::optional<InputArray> alibi, std::optional<InputArray> sinks,
-                         std::optional<std::string> backend) {
+                         std::optional<std::string> backend, const std::string& dtype_name_) {
     const char* fn = "attention_varlen";
+    const DType dt = dtype_of(fn, dtype_name_);
     const Sequences seqs = sequences_of(fn, cu_q, cu_k, q, k);
+    const TensorView qv = data_view(fn, "q", q, dt), kv = data_view(fn, "k", k, dt),
+                     vv = data_view(fn, "v", v, dt);
     Engine& engine = engine_for(backend);
     const size_t total = q.shape(0), H = q.shape(1), D = q.shape(2);
-    PendingOutput o(engine, fn, "o", {total, H, D});
+    PendingOutput o(engine, fn, "o", {total, H, D}, dt);
     PendingOutput lse(engine, fn, "lse", {H, total});
     const ScoreOptions score = score_options_of(softcap, alibi, std::nullopt, std::nullopt, sinks);
     run_released([&] {
-        run_forward_varlen(engine, seqs, view_of(q), view_of(k), view_of(v),
+        run_forward_varlen(engine, seqs, qv, kv, vv,
                            options_of(causal, window_left, window_right, scale), score,
-                           o.buffer.data, lse.buffer.data);
+                           o.buffer.data, lse.floats());
     });
     return nb::make_tuple(o.release(), lse.release());
 }
 
-nb::tuple backward_varlen(InputArray dout, InputArray q, InputArray k, InputArray v,
-                          InputArray o, nb::ndarray<const float, nb::ndim<2>, nb::c_contig,
-                                                   nb::device::cpu> lse,
+nb::tuple backward_varlen(DataArray dout, DataArray q, DataArray k, DataArray v,
+                          DataArray o, nb::ndarray<const float, nb::ndim<2>, nb::c_contig,
+                                                  nb::device::cpu> lse,
                           PrefixSums cu_q, PrefixSums cu_k, bool causal, int64_t window_left,
                           int64_t window_right, std::optional<double> scale, double softcap,
                           std::optional<InputArray> alibi, std::optional<InputArray> sinks,
-                          std::optional<std::string> backend) {
+                          std::optional<std::string> backend, const std::string& dtype_name_) {
     const char* fn = "attention_varlen_backward";
+    const DType dt = dtype_of(fn, dtype_name_);
     const Sequences seqs = sequences_of(fn, cu_q, cu_k, q, k);
     if (lse.shape(0) != q.shape(1) || lse.shape(1) != q.shape(0))
         throw std::invalid_argument(std::string(fn) + ": lse must have shape (H, total_q) = (" +
                                     std::to_string(q.shape(1)) + ", " +
                                     std::to_string(q.shape(0)) + ")");
     Engine& engine = engine_for(backend);
-    auto shape_of = [](const InputArray& a) {
+    auto shape_of = [](const DataArray& a) {
         return std::vector<size_t>{a.shape(0), a.shape(1), a.shape(2)};
     };
-    PendingOutput dq(engine, fn, "dq", shape_of(q));
-    PendingOutput dk(engine, fn, "dk", shape_of(k));
-    PendingOutput dv(engine, fn, "dv", shape_of(k));
+    PendingOutput dq(engine, fn, "dq", shape_of(q), dt);
+    PendingOutput dk(engine, fn, "dk", shape_of(k), dt);
+    PendingOutput dv(engine, fn, "dv", shape_of(k), dt);
     if (v.ndim() != 3 || v.shape(0) != k.shape(0) || v.shape(1) != k.shape(1) ||
         v.shape(2) != k.shape(2))
         throw std::invalid_argument(std::string(fn) + ": k and v must have the same shape");
+    const TensorView views[] = {data_view(fn, "do", dout, dt), data_view(fn, "q", q, dt),
+                                data_view(fn, "k", k, dt), data_view(fn, "v", v, dt),
+                                data_view(fn, "o", o, dt)};
     std::optional<PendingOutput> dsinks;
     if (sinks) dsinks.emplace(engine, fn, "dsinks", std::vector<size_t>{size_t(q.shape(1))});
     const ScoreOptions score = score_options_of(softcap, alibi, std::nullopt, std::nullopt, sinks);
     run_released([&] {
-        run_backward_varlen(engine, seqs, view_of(dout), view_of(q), view_of(k), view_of(v),
-                            view_of(o), lse.data(),
-                            options_of(causal, window_left, window_right, scale), score,
-                            dq.buffer.data, dk.buffer.data, dv.buffer.data,
-                            dsinks ? dsinks->buffer.data : nullptr);
+        run_backward_varlen(engine, seqs, views[0], views[1], views[2], views[3], views[4],
+                            lse.data(), options_of(causal, window_left, window_right, scale),
+                            score, dq.buffer.data, dk.buffer.data, dv.buffer.data,
+                            dsinks ? dsinks->floats() : nullptr);
     });
     if (dsinks)
         return nb::make_tuple(dq.release(), dk.release(), dv.release(), dsinks->release());
@@ -364,23 +412,25 @@ NB_MODULE(_core, m) {
           nb::arg("window_left"), nb::arg("window_right"), nb::arg("scale").none(),
           nb::arg("softcap") = 0.0, nb::arg("alibi_slopes").none() = nb::none(),
           nb::arg("mask_bool").none() = nb::none(), nb::arg("mask_float").none() = nb::none(),
-          nb::arg("sinks").none() = nb::none(), nb::arg("backend").none() = nb::none());
+          nb::arg("sinks").none() = nb::none(), nb::arg("backend").none() = nb::none(),
+          nb::arg("dtype") = "float32");
     m.def("backward", &backward, nb::arg("do"), nb::arg("q"), nb::arg("k"), nb::arg("v"),
           nb::arg("o"), nb::arg("lse"), nb::arg("causal"), nb::arg("window_left"),
           nb::arg("window_right"), nb::arg("scale").none(), nb::arg("softcap") = 0.0,
           nb::arg("alibi_slopes").none() = nb::none(), nb::arg("mask_bool").none() = nb::none(),
           nb::arg("mask_float").none() = nb::none(), nb::arg("sinks").none() = nb::none(),
-          nb::arg("backend").none() = nb::none());
+          nb::arg("backend").none() = nb::none(), nb::arg("dtype") = "float32");
     m.def("forward_varlen", &forward_varlen, nb::arg("q"), nb::arg("k"), nb::arg("v"),
           nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("causal"),
           nb::arg("window_left"), nb::arg("window_right"), nb::arg("scale").none(),
           nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
-          nb::arg("backend").none());
+          nb::arg("backend").none(), nb::arg("dtype") = "float32");
     m.def("backward_varlen", &backward_varlen, nb::arg("do"), nb::arg("q"), nb::arg("k"),
           nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("cu_seqlens_q"),
           nb::arg("cu_seqlens_k"), nb::arg("causal"), nb::arg("window_left"),
           nb::arg("window_right"), nb::arg("scale").none(), nb::arg("softcap"),
-          nb::arg("alibi_slopes").none(), nb::arg("sinks").none(), nb::arg("backend").none());
+          nb::arg("alibi_slopes").none(), nb::arg("sinks").none(), nb::arg("backend").none(),
+          nb::arg("dtype") = "float32");
     m.def("check_call", &check_call, nb::arg("fn"), nb::arg("q_shape"), nb::arg("k_shape"),
           nb::arg("v_shape"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
           nb::arg("scale").none());

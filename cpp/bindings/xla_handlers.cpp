@@ -115,7 +115,7 @@ TensorView view_of(const Buffer& b, const char* name, int trailing,
     int64_t batch = 1;
     for (int64_t d : lead) batch *= d;
     TensorView t;
-    t.data = static_cast<const float*>(b.data);
+    t.data = b.data;  // float32: buffer() checks the element type
     t.shape.push_back(batch);
     for (int64_t i = n_lead; i < b.rank; ++i) t.shape.push_back(b.dims[i]);
     t.strides.assign(t.shape.size(), 1);
@@ -171,8 +171,8 @@ xla_ffi::Error* xla_attention_forward(xla_ffi::CallFrame* frame) {
         check_output(o, q.shape, "o");
         check_output(lse, {p.B, p.H, p.Tq}, "lse");
         run_forward(get_engine("cpu"), p,
-                    {q.data, k.data, v.data, const_cast<float*>(o.data),
-                     const_cast<float*>(lse.data)});
+                    {q.data, k.data, v.data, const_cast<void*>(o.data),
+                     static_cast<float*>(const_cast<void*>(lse.data))});
     });
 }
 
@@ -194,9 +194,9 @@ xla_ffi::Error* xla_attention_backward(xla_ffi::CallFrame* frame) {
         check_output(dk, k.shape, "dk");
         check_output(dv, v.shape, "dv");
         run_backward(get_engine("cpu"), p,
-                     {dout.data, q.data, k.data, v.data, o.data, lse.data,
-                      const_cast<float*>(dq.data), const_cast<float*>(dk.data),
-                      const_cast<float*>(dv.data)});
+                     {dout.data, q.data, k.data, v.data, o.data,
+                      static_cast<const float*>(lse.data), const_cast<void*>(dq.data),
+                      const_cast<void*>(dk.data), const_cast<void*>(dv.data)});
     });
 }
 

@@ -6,10 +6,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <stdexcept>
 #include <vector>
 
+#include "core/half.h"
 #include "core/host_memory.h"
 #include "core/params.h"
 
@@ -34,6 +36,24 @@ void check_supported(const char* fn, const Engine& engine, const FlashParams& p,
                                 (backward ? " in the backward" : "") + " yet; use backend='cpu'");
 }
 
+void check_dtype(const char* fn, const Engine& engine, DType dtype) {
+    if (engine.dtype_supported(dtype)) return;
+    throw std::invalid_argument(std::string(fn) + ": the " + engine.name() +
+                                " engine does not take " + dtype_name(dtype) +
+                                " inputs yet; use backend='cpu', or convert q, k and v with "
+                                ".astype(np.float32)");
+}
+
+// Element i of an array of `dtype`, as float32 (exact).
+float element(const void* data, int64_t i, DType dtype) {
+    switch (dtype) {
+        case DType::f16: return to_float(static_cast<const Half*>(data)[i]);
+        case DType::bf16: return to_float(static_cast<const BFloat16*>(data)[i]);
+        case DType::f32: break;
+    }
+    return static_cast<const float*>(data)[i];
+}
+
 // dsinks[h] = -sum over b, i of exp(sink_h - lse) * (do . o): the sink's
 // logit is in every row's denominator, and its value vector is zero, so
 // d lse / d sink = P(sink) and d o / d sink = -P(sink) o. Summed in double.
@@ -45,10 +65,12 @@ void sink_gradients(const FlashParams& p, const BackwardIO& io) {
             for (int64_t i = 0; i < p.Tq; ++i) {
                 const float lse = io.lse[(b * p.H + h) * p.Tq + i];
                 if (sink == -kInf || lse == -kInf) continue;  // no sink, or a row with no weight
-                const float* d = io.dout + b * p.dout.b + i * p.dout.t + h * p.dout.h;
-                const float* o = io.o + b * p.o.b + i * p.o.t + h * p.o.h;
+                const int64_t d0 = b * p.dout.b + i * p.dout.t + h * p.dout.h;
+                const int64_t o0 = b * p.o.b + i * p.o.t + h * p.o.h;
                 double delta = 0.0;
-                for (int64_t k = 0; k < p.D; ++k) delta += double(d[k]) * o[k];
+                for (int64_t k = 0; k < p.D; ++k)
+                    delta += double(element(io.dout, d0 + k, io.dtype)) *
+                             element(io.o, o0 + k, io.dtype);
                 sum += std::exp(double(sink) - lse) * delta;
             }
         io.dsinks[h] = float(-sum);
@@ -57,16 +79,17 @@ void sink_gradients(const FlashParams& p, const BackwardIO& io) {
 
 }  // namespace
 
-OutputBuffer Engine::allocate(size_t n_floats) {
-    void* data = allocate_host(n_floats * sizeof(float));
-    return {static_cast<float*>(data), std::shared_ptr<void>(data, std::free)};
+OutputBuffer Engine::allocate(size_t bytes) {
+    void* data = allocate_host(bytes);
+    return {data, std::shared_ptr<void>(data, std::free)};
 }
 
 void run_forward(Engine& engine, const FlashParams& p, const ForwardIO& io) {
     check_supported("attention", engine, p, false);
+    check_dtype("attention", engine, io.dtype);
     if (q_elements(p) == 0) return;
     if (p.Tk == 0) {  // every row sees no key, only its head's sink (lse = -inf without)
-        std::fill_n(io.o, q_elements(p), 0.0f);
+        std::memset(io.o, 0, size_t(q_elements(p)) * dtype_size(io.dtype));  // 0 in every dtype
         for (int64_t bh = 0; bh < int64_t(p.B) * p.H; ++bh)
             std::fill_n(io.lse + bh * p.Tq, p.Tq, io.score.sinks ? io.score.sinks[bh % p.H] : -kInf);
         return;
@@ -76,10 +99,12 @@ void run_forward(Engine& engine, const FlashParams& p, const ForwardIO& io) {
 
 void run_backward(Engine& engine, const FlashParams& p, const BackwardIO& io) {
     check_supported("attention_backward", engine, p, true);
+    check_dtype("attention_backward", engine, io.dtype);
     if (q_elements(p) == 0 || p.Tk == 0) {  // no (query, key) pair: every gradient is zero
-        std::fill_n(io.dq, q_elements(p), 0.0f);
-        std::fill_n(io.dk, kv_elements(p), 0.0f);
-        std::fill_n(io.dv, kv_elements(p), 0.0f);
+        const size_t size = dtype_size(io.dtype);  // all-zero bits are 0 in every dtype
+        std::memset(io.dq, 0, size_t(q_elements(p)) * size);
+        std::memset(io.dk, 0, size_t(kv_elements(p)) * size);
+        std::memset(io.dv, 0, size_t(kv_elements(p)) * size);
     } else {
         engine.backward(p, io);
     }

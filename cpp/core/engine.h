@@ -1,11 +1,14 @@
 // The interface every engine (cpu, metal-sim, metal) implements, and the
 // pointers a call hands it. Pointers address element [0, 0, 0, 0] of each
-// array; the strides are in FlashParams.
+// array; the strides (in elements) are in FlashParams. q, k, v, o, do and
+// the gradients all have the call's dtype (ForwardIO/BackwardIO::dtype);
+// lse and the score options' arrays are float32 whatever it is.
 #pragma once
 #include <cstddef>
 #include <memory>
 #include <string>
 
+#include "core/tensor.h"
 #include "flash_params.h"
 
 namespace flashattn {
@@ -20,22 +23,26 @@ struct ScoreInputs {
 };
 
 struct ForwardIO {
-    const float *q, *k, *v;
-    float *o, *lse;  // o: (B, Tq, H, D) contiguous; lse: (B, H, Tq) contiguous
+    const void *q, *k, *v;  // of `dtype`
+    void* o;                // of `dtype`, (B, Tq, H, D) contiguous
+    float* lse;             // (B, H, Tq) contiguous
     ScoreInputs score{};
+    DType dtype = DType::f32;
 };
 
 struct BackwardIO {
-    const float *dout, *q, *k, *v, *o, *lse;
-    float *dq, *dk, *dv;  // contiguous, shaped like q, k, v
+    const void *dout, *q, *k, *v, *o;  // of `dtype`
+    const float* lse;
+    void *dq, *dk, *dv;  // of `dtype`, contiguous, shaped like q, k, v
     ScoreInputs score{};
     float* dsinks = nullptr;  // (H,) with sinks; written by run_backward, not the engine
+    DType dtype = DType::f32;
 };
 
 // Memory for one output array. `owner` keeps it alive; Python holds it in a
 // capsule, so an engine's buffer returns to its pool when the array dies.
 struct OutputBuffer {
-    float* data = nullptr;
+    void* data = nullptr;
     std::shared_ptr<void> owner;
 };
 
@@ -51,8 +58,13 @@ public:
         return 0;
     }
 
-    // Default: 64-byte aligned host memory. Throws std::bad_alloc when it cannot.
-    virtual OutputBuffer allocate(size_t n_floats);
+    // The dtypes this engine's kernels take (float32 always); run_forward
+    // and run_backward refuse a call in any other, naming engine and dtype.
+    virtual bool dtype_supported(DType dtype) const { return dtype == DType::f32; }
+
+    // `bytes` of output memory. Default: 64-byte aligned host memory.
+    // Throws std::bad_alloc when it cannot.
+    virtual OutputBuffer allocate(size_t bytes);
 
     // Engines may assume B, H, Tq >= 1 and Tk >= 1 (run_forward/run_backward
     // handle empty calls) and must write every output element, including the

@@ -33,8 +33,18 @@ FlashStrides contiguous_strides(int64_t T, int64_t heads, int64_t D) {
 // kernels, with p + right reaching Tk + Tq.
 constexpr int64_t kMaxSeqLen = std::numeric_limits<int32_t>::max() / 2;
 
+// The arrays of one call share q's dtype (the Python layer raises TypeError
+// first; this keeps the core safe on its own).
+void check_same_dtype(const char* fn, const char* name, const TensorView& t, const TensorView& q) {
+    if (t.dtype != q.dtype)
+        fail(fn, std::string(name) + " must have q's dtype " + dtype_name(q.dtype) + ", got " +
+                     dtype_name(t.dtype));
+}
+
 FlashParams make_params(const char* fn, const TensorView& q, const TensorView& k,
                         const TensorView& v, const AttentionOptions& opt) {
+    check_same_dtype(fn, "k", k, q);
+    check_same_dtype(fn, "v", v, q);
     check_4d(fn, "q", "(B, Tq, H, D)", q);
     check_4d(fn, "k", "(B, Tk, Hkv, D)", k);
     check_4d(fn, "v", "(B, Tk, Hkv, D)", v);
@@ -128,7 +138,8 @@ ScoreInputs make_score_inputs(const char* fn, FlashParams& p, const ScoreOptions
             fail(fn, "alibi_slopes must be contiguous along H, got strides " +
                          shape_string(a.strides));
         p.score_mods |= FA_SCORE_ALIBI;
-        in.alibi_slopes = a.data;
+        if (a.dtype != DType::f32) fail(fn, "alibi_slopes must be float32");
+        in.alibi_slopes = static_cast<const float*>(a.data);
         in.params.alibi_b = fa_int(p.B > 1 ? a.strides[0] : 0);
     }
     if (opt.mask) {
@@ -149,7 +160,8 @@ ScoreInputs make_score_inputs(const char* fn, FlashParams& p, const ScoreOptions
             fail(fn, "sinks must have shape (H,) = " + shape_string(want) +
                          " and be contiguous, got shape " + shape_string(k.shape));
         p.score_mods |= FA_SCORE_SINKS;
-        in.sinks = k.data;
+        if (k.dtype != DType::f32) fail(fn, "sinks must be float32");
+        in.sinks = static_cast<const float*>(k.data);
     }
     return in;
 }
@@ -161,6 +173,10 @@ FlashParams make_backward_params(const TensorView& dout, const TensorView& q, co
     FlashParams p = make_params(fn, q, k, v, options);
     check_4d(fn, "do", "(B, Tq, H, D)", dout);
     check_4d(fn, "o", "(B, Tq, H, D)", o);
+    check_same_dtype(fn, "do", dout, q);
+    check_same_dtype(fn, "o", o, q);
+    if (lse.dtype != DType::f32)
+        fail(fn, std::string("lse must be float32, got ") + dtype_name(lse.dtype));
     if (dout.shape != q.shape)
         fail(fn, "do must have the shape of q " + shape_string(q.shape) + ", got " +
                      shape_string(dout.shape));

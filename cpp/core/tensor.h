@@ -1,5 +1,5 @@
-// A view of a float32 array handed in from Python: data pointer, shape and
-// element strides. No ownership; the caller keeps the array alive.
+// A view of an array handed in from Python: data pointer, element type,
+// shape and element strides. No ownership; the caller keeps the array alive.
 #pragma once
 #include <cstddef>
 #include <cstdint>
@@ -24,12 +24,23 @@ inline const char* dtype_name(DType d) {
     return "?";
 }
 
+// p advanced by `elements` elements of type d.
+inline const void* element_offset(const void* p, int64_t elements, DType d) {
+    return static_cast<const char*>(p) + elements * int64_t(dtype_size(d));
+}
+inline void* element_offset(void* p, int64_t elements, DType d) {
+    return static_cast<char*>(p) + elements * int64_t(dtype_size(d));
+}
+
 struct TensorView {
-    const float* data = nullptr;
+    const void* data = nullptr;
     std::vector<int64_t> shape;
     std::vector<int64_t> strides;  // in elements, one per axis
+    DType dtype = DType::f32;
 
     int64_t ndim() const { return static_cast<int64_t>(shape.size()); }
+    // The element `elements` past data, as a pointer.
+    const void* at(int64_t elements) const { return element_offset(data, elements, dtype); }
 };
 
 // "(2, 128, 8, 64)", as NumPy prints a shape.

@@ -3,6 +3,7 @@
 #include "core/varlen.h"
 
 #include <algorithm>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 
@@ -22,7 +23,8 @@ void check_3d(const char* fn, const char* name, const char* axes, const TensorVi
 // Rows [r0, r1) of a (total, heads, D) array as a (1, r1 - r0, heads, D) call array.
 TensorView rows_of(const TensorView& t, int64_t r0, int64_t r1) {
     TensorView s;
-    s.data = t.data + r0 * t.strides[0];
+    s.data = t.at(r0 * t.strides[0]);
+    s.dtype = t.dtype;
     s.shape = {1, r1 - r0, t.shape[1], t.shape[2]};
     s.strides = {(r1 - r0) * t.strides[0], t.strides[0], t.strides[1], t.strides[2]};
     return s;
@@ -33,7 +35,7 @@ ScoreOptions options_of_sequence(const ScoreOptions& score, int64_t b) {
     ScoreOptions s = score;
     if (s.alibi_slopes) {
         TensorView& a = *s.alibi_slopes;
-        a.data += b * a.strides[0];
+        a.data = a.at(b * a.strides[0]);
         a.shape = {1, a.shape[1]};
     }
     return s;
@@ -87,7 +89,7 @@ Sequences make_sequences(const char* fn, const int32_t* cu_q, int64_t n_q, const
 
 void run_forward_varlen(Engine& engine, const Sequences& seqs, const TensorView& q,
                         const TensorView& k, const TensorView& v, const AttentionOptions& options,
-                        const ScoreOptions& score, float* o, float* lse) {
+                        const ScoreOptions& score, void* o, float* lse) {
     const char* fn = "attention_varlen";
     check_whole(fn, q, k, v, options);
     const int64_t total_q = q.shape[0], H = q.shape[1], D = q.shape[2];
@@ -98,8 +100,9 @@ void run_forward_varlen(Engine& engine, const Sequences& seqs, const TensorView&
         if (q1 == q0) continue;
         FlashParams p = make_forward_params(rows_of(q, q0, q1), rows_of(k, k0, k1),
                                             rows_of(v, k0, k1), options);
-        ForwardIO io{q.data + q0 * q.strides[0], k.data + k0 * k.strides[0],
-                     v.data + k0 * v.strides[0], o + q0 * H * D, nullptr};
+        ForwardIO io{q.at(q0 * q.strides[0]), k.at(k0 * k.strides[0]), v.at(k0 * v.strides[0]),
+                     element_offset(o, q0 * H * D, q.dtype), nullptr};
+        io.dtype = q.dtype;
         io.score = make_score_inputs(fn, p, options_of_sequence(score, b));
         lse_b.resize(size_t(H * (q1 - q0)));
         io.lse = lse_b.data();
@@ -112,7 +115,7 @@ void run_forward_varlen(Engine& engine, const Sequences& seqs, const TensorView&
 void run_backward_varlen(Engine& engine, const Sequences& seqs, const TensorView& dout,
                          const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& o, const float* lse, const AttentionOptions& options,
-                         const ScoreOptions& score, float* dq, float* dk, float* dv,
+                         const ScoreOptions& score, void* dq, void* dk, void* dv,
                          float* dsinks) {
     const char* fn = "attention_varlen_backward";
     check_whole(fn, q, k, v, options);
@@ -123,8 +126,9 @@ void run_backward_varlen(Engine& engine, const Sequences& seqs, const TensorView
                      shape_string(dout.shape) + " and " + shape_string(o.shape));
     const int64_t total_q = q.shape[0], H = q.shape[1], D = q.shape[2];
     const int64_t Hkv = k.shape[1];
-    std::fill_n(dk, k.shape[0] * Hkv * D, 0.0f);  // keys of sequences without queries
-    std::fill_n(dv, k.shape[0] * Hkv * D, 0.0f);
+    // Keys of sequences without queries: zero bits are 0 in every dtype.
+    std::memset(dk, 0, size_t(k.shape[0] * Hkv * D) * dtype_size(q.dtype));
+    std::memset(dv, 0, size_t(k.shape[0] * Hkv * D) * dtype_size(q.dtype));
     if (dsinks) std::fill_n(dsinks, H, 0.0f);
     // Every row of dq belongs to a sequence with queries, whose call writes it.
     std::vector<float> lse_b, dsinks_b(static_cast<size_t>(H));
@@ -142,11 +146,17 @@ void run_backward_varlen(Engine& engine, const Sequences& seqs, const TensorView
         FlashParams p = make_backward_params(rows_of(dout, q0, q1), rows_of(q, q0, q1),
                                              rows_of(k, k0, k1), rows_of(v, k0, k1),
                                              rows_of(o, q0, q1), lse_view, options);
-        BackwardIO io{dout.data + q0 * dout.strides[0], q.data + q0 * q.strides[0],
-                      k.data + k0 * k.strides[0],       v.data + k0 * v.strides[0],
-                      o.data + q0 * o.strides[0],       lse_b.data(),
-                      dq + q0 * H * D,                  dk + k0 * Hkv * D,
-                      dv + k0 * Hkv * D};
+        const DType dt = q.dtype;
+        BackwardIO io{dout.at(q0 * dout.strides[0]),
+                      q.at(q0 * q.strides[0]),
+                      k.at(k0 * k.strides[0]),
+                      v.at(k0 * v.strides[0]),
+                      o.at(q0 * o.strides[0]),
+                      lse_b.data(),
+                      element_offset(dq, q0 * H * D, dt),
+                      element_offset(dk, k0 * Hkv * D, dt),
+                      element_offset(dv, k0 * Hkv * D, dt)};
+        io.dtype = dt;
         io.score = make_score_inputs(fn, p, options_of_sequence(score, b));
         io.dsinks = dsinks ? dsinks_b.data() : nullptr;
         run_backward(engine, p, io);

@@ -23,16 +23,16 @@ Sequences make_sequences(const char* fn, const int32_t* cu_q, int64_t n_q, const
 
 // q (total_q, H, D), k and v (total_k, Hkv, D), any strides with a
 // contiguous last axis; score.alibi_slopes, if given, (batch, H). o is
-// (total_q, H, D) and lse (H, total_q), contiguous.
+// (total_q, H, D) of q's dtype and lse (H, total_q) float32, contiguous.
 void run_forward_varlen(Engine& engine, const Sequences& seqs, const TensorView& q,
                         const TensorView& k, const TensorView& v, const AttentionOptions& options,
-                        const ScoreOptions& score, float* o, float* lse);
+                        const ScoreOptions& score, void* o, float* lse);
 
-// The gradients, shaped like q, k, v, contiguous; dsinks (H,) with sinks.
+// The gradients, shaped like q, k, v, contiguous, of q's dtype; dsinks (H,) with sinks.
 void run_backward_varlen(Engine& engine, const Sequences& seqs, const TensorView& dout,
                          const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& o, const float* lse, const AttentionOptions& options,
-                         const ScoreOptions& score, float* dq, float* dk, float* dv,
+                         const ScoreOptions& score, void* dq, void* dk, void* dv,
                          float* dsinks);
 
 }  // namespace flashattn

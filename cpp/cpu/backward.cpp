@@ -26,10 +26,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "cpu/isa_begin.h"  // opens the per-ISA region
 #include "cpu/kernels.h"
+#include "cpu/convert.h"
 #include "cpu/gemm.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tiles.h"
@@ -64,7 +66,7 @@ Range rows_of_key_blocks(const FlashParams& p, int64_t kb0, int64_t kb1) {
     return rows_of_keys(p, kb0 * kBlockK, std::min<int64_t>(kb1 * kBlockK, p.Tk));
 }
 
-ChunkPlan plan_chunks(const FlashParams& p, int BQ, int Dp, int64_t n_chunks) {
+ChunkPlan plan_chunks(const FlashParams& p, int BQ, int Dp, int64_t n_chunks, bool dq_float) {
     const int64_t kblocks = (int64_t(p.Tk) + kBlockK - 1) / kBlockK;
     // Work of a key block: the query tiles that see it.
     std::vector<int64_t> work(size_t(kblocks), 0);
@@ -74,8 +76,9 @@ ChunkPlan plan_chunks(const FlashParams& p, int BQ, int Dp, int64_t n_chunks) {
         if (r.begin < r.end) work[size_t(kb)] = (r.end - 1) / BQ - r.begin / BQ + 1;
         total += work[size_t(kb)];
     }
-    // The first chunk adds into dq in place when its rows have no padding.
-    const bool first_in_place = Dp == p.D;
+    // The first chunk adds into dq in place when its rows have no padding
+    // and dq is float32 (a half dq is rounded once, from a float32 partial).
+    const bool first_in_place = Dp == p.D && dq_float;
     ChunkPlan plan;
     int64_t kb = 0, done = 0;
     for (int64_t c = 0; c < n_chunks && kb < kblocks; ++c) {
@@ -119,11 +122,11 @@ int heads_per_task(const FlashParams& p) {
 
 // Enough chunks to keep a few cores busy when there are few tasks of
 // `heads` query heads each, as long as their partials fit the budget.
-ChunkPlan choose_chunks(const FlashParams& p, int BQ, int Dp, int heads) {
+ChunkPlan choose_chunks(const FlashParams& p, int BQ, int Dp, int heads, bool dq_float) {
     const int64_t units = int64_t(p.B) * p.H / heads;
     const int64_t kblocks = (int64_t(p.Tk) + kBlockK - 1) / kBlockK;
     for (int64_t n = std::min<int64_t>((kTargetTasks + units - 1) / units, kblocks);; --n) {
-        ChunkPlan plan = plan_chunks(p, BQ, Dp, std::max<int64_t>(n, 1));
+        ChunkPlan plan = plan_chunks(p, BQ, Dp, std::max<int64_t>(n, 1), dq_float);
         const double bytes = 4.0 * p.B * p.H * double(plan.partial_rows) * Dp;
         if (n <= 1 || bytes <= kPartialBudgetBytes) return plan;
     }
@@ -228,6 +231,7 @@ struct GradientEpilogue {
 // its one key, and dP - delta must then be exactly 0, or dS = P (dP - delta)
 // leaves an error of ulps of dO . v that scale * k multiplies into dq and dk.
 // W rows at a time, one per lane.
+template <class T>
 void row_deltas(const FlashParams& p, const BackwardIO& io, float* delta) {
     const int64_t heads = int64_t(p.B) * p.H;
     const int64_t rows_per_task = 256;
@@ -236,16 +240,16 @@ void row_deltas(const FlashParams& p, const BackwardIO& io, float* delta) {
         const int64_t bh = t / tasks_per_head, b = bh / p.H, h = bh % p.H;
         const int64_t i0 = t % tasks_per_head * rows_per_task;
         const int64_t i1 = std::min<int64_t>(i0 + rows_per_task, p.Tq);
-        const float* do0 = io.dout + b * p.dout.b + h * p.dout.h;
-        const float* o0 = io.o + b * p.o.b + h * p.o.h;
+        const T* do0 = static_cast<const T*>(io.dout) + b * p.dout.b + h * p.dout.h;
+        const T* o0 = static_cast<const T*>(io.o) + b * p.o.b + h * p.o.h;
         for (int64_t r0 = i0; r0 < i1; r0 += W) {
             const int n = int(std::min<int64_t>(W, i1 - r0));
             alignas(64) float a[W] = {}, c[W] = {}, out[W];
             vf acc{};
             for (int d = 0; d < p.D; ++d) {
                 for (int r = 0; r < n; ++r) {
-                    a[r] = do0[(r0 + r) * p.dout.t + d];
-                    c[r] = o0[(r0 + r) * p.o.t + d];
+                    a[r] = to_float(do0[(r0 + r) * p.dout.t + d]);
+                    c[r] = to_float(o0[(r0 + r) * p.o.t + d]);
                 }
                 acc = simd::fma(simd::load(a), simd::load(c), acc);
             }
@@ -268,13 +272,15 @@ struct Context {
 
 // The key block's operands, from keys [j0, j0 + nk): K^T and V^T (D x BK,
 // zero columns past nk) for S and dP, and scale * K (nk x Dp, zero-padded)
-// for dQ.
-void lay_out_key_block(const FlashParams& p, const float* k0, const float* v0, int64_t j0, int nk,
+// for dQ. Rows of T are converted to float32 as they are read.
+template <class T>
+void lay_out_key_block(const FlashParams& p, const T* k0, const T* v0, int64_t j0, int nk,
                        float* Kt, float* Vt, float* Kp, int Dp) {
     const int D = p.D;
+    float kr[kMaxD], vr[kMaxD];
     for (int j = 0; j < nk; ++j) {
-        const float* kr = k0 + (j0 + j) * p.k.t;
-        const float* vr = v0 + (j0 + j) * p.v.t;
+        load_row(kr, k0 + (j0 + j) * p.k.t, D);
+        load_row(vr, v0 + (j0 + j) * p.v.t, D);
         for (int d = 0; d < D; ++d) {
             Kt[d * kBlockK + j] = kr[d];
             Vt[d * kBlockK + j] = vr[d];
@@ -286,14 +292,17 @@ void lay_out_key_block(const FlashParams& p, const float* k0, const float* v0, i
         for (int j = nk; j < kBlockK; ++j) Kt[d * kBlockK + j] = Vt[d * kBlockK + j] = 0.0f;
 }
 
-// factor * rows [i0, i0 + nq) of one head's q or do, contiguous with Dp
-// columns.
-void gather_rows(const float* src, int64_t ld, int64_t i0, int nq, int D, int Dp, float factor,
+// factor * rows [i0, i0 + nq) of one head's q or do, as float32,
+// contiguous with Dp columns.
+template <class T>
+void gather_rows(const T* src, int64_t ld, int64_t i0, int nq, int D, int Dp, float factor,
                  float* dst) {
     for (int r = 0; r < nq; ++r) {
-        const float* row = src + (i0 + r) * ld;
-        for (int d = 0; d < D; ++d) dst[r * Dp + d] = row[d] * factor;
-        for (int d = D; d < Dp; ++d) dst[r * Dp + d] = 0.0f;
+        float* row = dst + r * Dp;
+        load_row(row, src + (i0 + r) * ld, D);
+        if (factor != 1.0f)
+            for (int d = 0; d < D; ++d) row[d] *= factor;
+        for (int d = D; d < Dp; ++d) row[d] = 0.0f;
     }
 }
 
@@ -323,8 +332,9 @@ void probabilities_and_gradients(const KeyBlock& kb, int nq, int Nk, int D, int 
 // dK += dS^T (scale Q) and dQ += dS (scale K). Where the tile crosses the
 // band's edge, masked entries are zeros; the products skip them outright
 // when the operand they face holds an inf or NaN (0 * inf is NaN).
+template <class T>
 void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, int64_t b,
-                int64_t h, const float* q0, const float* do0, const float* lse0,
+                int64_t h, const T* q0, const T* do0, const float* lse0,
                 const float* delta0, int64_t i0, float* dq, int64_t ldq) {
     const FlashParams& p = cx.p;
     const int D = p.D, Dp = cx.Dp, BQ = cx.BQ, nk = kb.nk;
@@ -383,26 +393,29 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
 
 // Query heads [heads0, heads0 + cx.heads) of batch b against the keys of
 // chunk ch; their dK, dV go to dk and dv, or (one head of a group) to the
-// head's partial.
+// head's partial (float32, rounded to T when the group's are summed).
+template <class T>
 void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
     const FlashParams& p = cx.p;
     const BackwardIO& io = cx.io;
     const int D = p.D, Dp = cx.Dp;
     const int64_t hk = heads0 / p.group;
-    const float* k0 = io.k + b * p.k.b + hk * p.k.h;
-    const float* v0 = io.v + b * p.v.b + hk * p.v.h;
-    float *dk0, *dv0;
-    int64_t lddk;
-    if (cx.heads == p.group) {
-        dk0 = io.dk + b * p.dk.b + hk * p.dk.h;
-        dv0 = io.dv + b * p.dv.b + hk * p.dv.h;
-        lddk = p.dk.t;  // dv's row stride is the same: both are contiguous
-    } else {
-        const size_t head = size_t(b * p.H + heads0), all = size_t(p.B) * p.H;
-        dk0 = cx.dkv_partial + head * size_t(p.Tk) * D;
-        dv0 = cx.dkv_partial + (all + head) * size_t(p.Tk) * D;
-        lddk = D;
-    }
+    const T* k0 = static_cast<const T*>(io.k) + b * p.k.b + hk * p.k.h;
+    const T* v0 = static_cast<const T*>(io.v) + b * p.v.b + hk * p.v.h;
+    // Row j of the block's dK and dV (float32 in scratch) goes to dk and dv
+    // rounded to T, or to the head's float32 partial.
+    auto store_dkv = [&](int64_t j, const float* dK_row, const float* dV_row) {
+        if (cx.heads == p.group) {  // dv's row stride is dk's: both are contiguous
+            store_row(static_cast<T*>(io.dk) + b * p.dk.b + hk * p.dk.h + j * p.dk.t, dK_row, D);
+            store_row(static_cast<T*>(io.dv) + b * p.dv.b + hk * p.dv.h + j * p.dk.t, dV_row, D);
+        } else {
+            const size_t head = size_t(b * p.H + heads0), all = size_t(p.B) * p.H;
+            std::memcpy(cx.dkv_partial + (head * size_t(p.Tk) + size_t(j)) * D, dK_row,
+                        sizeof(float) * D);
+            std::memcpy(cx.dkv_partial + ((all + head) * size_t(p.Tk) + size_t(j)) * D, dV_row,
+                        sizeof(float) * D);
+        }
+    };
 
     float* Kt = scratch(size_t(D) * kBlockK, 0);
     float* Vt = scratch(size_t(D) * kBlockK, 1);
@@ -413,17 +426,18 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
     // Where each head's dQ goes: rows [row0, row1) of dq itself (all of it
     // zeroed first, as the other chunks only add), or of this chunk's partial.
     const int64_t heads1 = heads0 + cx.heads;
+    // (dq itself only when it is float32: plan_chunks says so.)
     auto dq_of = [&](int64_t h, int64_t& ld) -> float* {
         if (ch.offset < 0) {
             ld = p.dq.t;
-            return io.dq + b * p.dq.b + h * p.dq.h + ch.row0 * ld;
+            return static_cast<float*>(io.dq) + b * p.dq.b + h * p.dq.h + ch.row0 * ld;
         }
         ld = Dp;
         return cx.partial + ((b * p.H + h) * cx.partial_rows + ch.offset) * Dp;
     };
     for (int64_t h = heads0; h < heads1; ++h) {
         if (ch.offset < 0) {
-            float* dq = io.dq + b * p.dq.b + h * p.dq.h;
+            float* dq = static_cast<float*>(io.dq) + b * p.dq.b + h * p.dq.h;
             for (int64_t i = 0; i < p.Tq; ++i) std::memset(dq + i * p.dq.t, 0, sizeof(float) * D);
         } else {
             int64_t ld;
@@ -443,8 +457,8 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
             for (int64_t h = heads0; h < heads1; ++h) {
                 const int64_t bh = b * p.H + h;
                 const ScoreMods score = ScoreMods::of(p, io.score, b, h);
-                const float* q0 = io.q + b * p.q.b + h * p.q.h;
-                const float* do0 = io.dout + b * p.dout.b + h * p.dout.h;
+                const T* q0 = static_cast<const T*>(io.q) + b * p.q.b + h * p.q.h;
+                const T* do0 = static_cast<const T*>(io.dout) + b * p.dout.b + h * p.dout.h;
                 int64_t ldq;
                 float* dq = dq_of(h, ldq);
                 for (int64_t i0 = rows.begin / cx.BQ * cx.BQ; i0 < rows.end; i0 += cx.BQ) {
@@ -459,15 +473,13 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
                 }
             }
         }
-        for (int j = 0; j < nk; ++j) {
-            std::memcpy(dk0 + (j0 + j) * lddk, dK + j * Dp, sizeof(float) * D);
-            std::memcpy(dv0 + (j0 + j) * lddk, dV + j * Dp, sizeof(float) * D);
-        }
+        for (int j = 0; j < nk; ++j) store_dkv(j0 + j, dK + j * Dp, dV + j * Dp);
     }
 }
 
 // dq = (dq, when the first chunk added there, else 0) + every partial that
-// covers the row, in chunk order; rows no partial covers are left as they are.
+// covers the row, in chunk order, summed in float32 and rounded to T once.
+template <class T>
 void sum_partials(const Context& cx, const ChunkPlan& plan) {
     const FlashParams& p = cx.p;
     const int BQ = cx.BQ, Dp = cx.Dp;
@@ -476,29 +488,30 @@ void sum_partials(const Context& cx, const ChunkPlan& plan) {
     parallel_for(int64_t(p.B) * p.H * blocks, [&](int64_t t) {
         const int64_t bh = t / blocks, i0 = t % blocks * BQ;
         const int nq = int(std::min<int64_t>(BQ, p.Tq - i0));
-        float* dq = cx.io.dq + (bh / p.H) * p.dq.b + (bh % p.H) * p.dq.h + i0 * p.dq.t;
-        bool first = !from_dq;
-        for (const Chunk& ch : plan.chunks) {
-            if (ch.offset < 0 || i0 < ch.row0 || i0 >= ch.row1) continue;
-            const int64_t row = bh * cx.partial_rows + ch.offset + (i0 - ch.row0);
-            const float* src = cx.partial + row * Dp;
-            for (int r = 0; r < nq; ++r) {
-                float* dst = dq + r * p.dq.t;
-                const float* add = src + r * Dp;
-                if (first)
-                    std::memcpy(dst, add, sizeof(float) * p.D);
-                else
-                    for (int d = 0; d < p.D; ++d) dst[d] += add[d];
+        T* dq = static_cast<T*>(cx.io.dq) + (bh / p.H) * p.dq.b + (bh % p.H) * p.dq.h +
+                i0 * p.dq.t;
+        float* sum = scratch(size_t(p.D), 0);
+        for (int r = 0; r < nq; ++r) {
+            // from_dq: the first chunk added into dq itself (then T is float).
+            if (from_dq)
+                std::memcpy(sum, reinterpret_cast<const float*>(dq + r * p.dq.t),
+                            sizeof(float) * p.D);
+            else
+                std::memset(sum, 0, sizeof(float) * p.D);
+            for (const Chunk& ch : plan.chunks) {
+                if (ch.offset < 0 || i0 < ch.row0 || i0 >= ch.row1) continue;
+                const int64_t row = bh * cx.partial_rows + ch.offset + (i0 - ch.row0) + r;
+                const float* add = cx.partial + row * Dp;
+                for (int d = 0; d < p.D; ++d) sum[d] += add[d];
             }
-            first = false;
+            store_row(dq + r * p.dq.t, sum, p.D);
         }
-        if (first)  // no chunk saw these rows
-            for (int r = 0; r < nq; ++r) std::memset(dq + r * p.dq.t, 0, sizeof(float) * p.D);
     });
 }
 
 // dk, dv of each kv head = the sum of its group's per-head partials, in head
-// order.
+// order, rounded to T once.
+template <class T>
 void sum_dkv_partials(const Context& cx) {
     const FlashParams& p = cx.p;
     const int D = p.D;
@@ -510,32 +523,32 @@ void sum_dkv_partials(const Context& cx) {
         const int64_t j0 = t % tasks_per_head * rows_per_task;
         const int64_t j1 = std::min<int64_t>(j0 + rows_per_task, p.Tk);
         for (int which = 0; which < 2; ++which) {
-            float* out = (which == 0 ? cx.io.dk + b * p.dk.b + hk * p.dk.h
-                                     : cx.io.dv + b * p.dv.b + hk * p.dv.h);
+            T* out = static_cast<T*>(which == 0 ? cx.io.dk : cx.io.dv) +
+                     (which == 0 ? b * p.dk.b + hk * p.dk.h : b * p.dv.b + hk * p.dv.h);
             const float* part = cx.dkv_partial + (which * all + size_t(b * p.H + hk * p.group)) *
                                                      size_t(p.Tk) * D;
+            float* sum = scratch(size_t(D), 0);
             for (int64_t j = j0; j < j1; ++j) {
-                float* dst = out + j * p.dk.t;
-                std::memcpy(dst, part + j * D, sizeof(float) * D);
+                std::memcpy(sum, part + j * D, sizeof(float) * D);
                 for (int g = 1; g < p.group; ++g) {
                     const float* add = part + (size_t(g) * p.Tk + size_t(j)) * D;
-                    for (int d = 0; d < D; ++d) dst[d] += add[d];
+                    for (int d = 0; d < D; ++d) sum[d] += add[d];
                 }
+                store_row(out + j * p.dk.t, sum, D);
             }
         }
     });
 }
 
-}  // namespace
-
-void attention_backward(const FlashParams& p, const BackwardIO& io) {
+template <class T>
+void backward_call(const FlashParams& p, const BackwardIO& io) {
     const int BQ = query_block(p.Tq, W);
     const int Dp = int(round_up(p.D, W));
     AlignedBuffer delta(size_t(p.B) * p.H * size_t(p.Tq));
-    row_deltas(p, io, delta.data());
+    row_deltas<T>(p, io, delta.data());
 
     const int heads = heads_per_task(p);
-    const ChunkPlan plan = choose_chunks(p, BQ, Dp, heads);
+    const ChunkPlan plan = choose_chunks(p, BQ, Dp, heads, std::is_same_v<T, float>);
     AlignedBuffer partial(size_t(p.B) * p.H * size_t(plan.partial_rows) * Dp);
     AlignedBuffer dkv_partial(heads < p.group ? 2 * size_t(p.B) * p.H * size_t(p.Tk) * p.D : 0);
     const Context cx{p,  io,          delta.data(), partial.data(), plan.partial_rows,
@@ -546,10 +559,16 @@ void attention_backward(const FlashParams& p, const BackwardIO& io) {
     parallel_for(units * n_chunks, [&](int64_t t) {
         const int64_t c = t / units, u = t % units;
         const int64_t per_batch = p.H / heads;
-        chunk_task(cx, u / per_batch, u % per_batch * heads, plan.chunks[size_t(c)]);
+        chunk_task<T>(cx, u / per_batch, u % per_batch * heads, plan.chunks[size_t(c)]);
     });
-    if (plan.partial_rows > 0) sum_partials(cx, plan);
-    if (heads < p.group) sum_dkv_partials(cx);
+    if (plan.partial_rows > 0) sum_partials<T>(cx, plan);
+    if (heads < p.group) sum_dkv_partials<T>(cx);
+}
+
+}  // namespace
+
+void attention_backward(const FlashParams& p, const BackwardIO& io) {
+    with_element_type(io.dtype, [&](auto element) { backward_call<decltype(element)>(p, io); });
 }
 
 }  // namespace flashattn::cpu::FLASHATTN_CPU_ISA

@@ -13,6 +13,8 @@ public:
         return FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT |
                FA_SCORE_SINKS;
     }
+    // float32, float16 and bfloat16 (cpu/convert.h: converted as tiles load).
+    bool dtype_supported(DType) const override { return true; }
     void forward(const FlashParams& p, const ForwardIO& io) override {
         cpu::attention_forward(p, io);
     }

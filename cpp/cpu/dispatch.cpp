@@ -47,7 +47,9 @@ bool always() { return true; }
 // The lists match the target pragmas of cpu/isa_begin.h.
 bool has_avx2() {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    // F16C (float16 loads) came with AVX2 on every x86-64 CPU that has it.
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
 }
 bool has_avx512() {
     __builtin_cpu_init();

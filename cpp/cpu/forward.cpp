@@ -18,9 +18,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "cpu/isa_begin.h"  // opens the per-ISA region
 #include "cpu/kernels.h"
+#include "cpu/convert.h"
 #include "cpu/gemm.h"
 #include "cpu/merge.h"
 #include "cpu/thread_pool.h"
@@ -146,15 +148,21 @@ struct TileOutput {
 // head's rows), against the keys of `keys`; those outside a row's band are
 // masked. Score options need g = 1 (their values are per head). The head's
 // sink, if any, is counted where with_sink says (one split-KV part only).
+// T is the inputs' element type: float32 rows are read in place, float16
+// and bfloat16 ones converted a key block at a time into float32 tiles.
+template <class T>
 void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t head0, int g,
                    int64_t R0, int nq, int BQ, Range keys, const TileOutput& out,
                    bool with_sink) {
+    constexpr bool in_place = std::is_same_v<T, float>;
     const int D = p.D;
     const int Dp = int(round_up(D, W));
     const int64_t hk = head0 / p.group;
     const int64_t h = head0, i0 = R0;  // the head and first row, where g == 1 (score options)
-    const float* k0 = io.k + b * p.k.b + hk * p.k.h;
-    const float* v0 = io.v + b * p.v.b + hk * p.v.h;
+    const T* k0 = static_cast<const T*>(io.k) + b * p.k.b + hk * p.k.h;
+    const T* v0 = static_cast<const T*>(io.v) + b * p.v.b + hk * p.v.h;
+    const T* q0 = static_cast<const T*>(io.q) + b * p.q.b;
+    float* Kc = in_place ? nullptr : scratch(size_t(kBlockK) * D, 11);  // a converted K block
 
     float* Qt = scratch(size_t(D) * BQ, 0);         // D x BQ, scaled
     float* Vp = scratch(size_t(kBlockK) * Dp, 1);   // keys x Dp, zero-padded
@@ -178,7 +186,7 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     float* Qr = scratch(size_t(BQ) * D, 9);
     for (int r = 0; r < nq; ++r) {
         const int64_t R = R0 + r, t = R / g, h = head0 + R % g;
-        std::memcpy(Qr + r * D, io.q + b * p.q.b + h * p.q.h + t * p.q.t, sizeof(float) * D);
+        load_row(Qr + r * D, q0 + h * p.q.h + t * p.q.t, D);
     }
     for (int d = 0; d < D; ++d) {
         for (int r = 0; r < nq; ++r) Qt[d * BQ + r] = Qr[r * D + d] * p.scale;
@@ -216,21 +224,31 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
             continue;  // the mask hides every score of this block
         const ModsEpilogue mod{mods.active ? &mods : nullptr, j0, i0, bias, BQ};
         const bool full = block_inside_band(p, R0, R0 + nq, j0, j0 + nk, g);
-        // V rows serve as the B operand in place when they need no padding.
-        const float* Vb = v0 + j0 * p.v.t;
-        int64_t ldv = p.v.t;
-        if (D != Dp) {
-            for (int j = 0; j < nk; ++j)
-                std::memcpy(Vp + j * Dp, v0 + (j0 + j) * p.v.t, sizeof(float) * D);
+        // Float32 V rows serve as the B operand in place when they need no
+        // padding, and K rows as the broadcast operand; half ones are
+        // converted into tiles first (nk x D each, against the block's
+        // nk x BQ x D products).
+        const float* Vb;
+        int64_t ldv;
+        const float* Kb;
+        int64_t ldk;
+        if constexpr (in_place) {
+            Vb = v0 + j0 * p.v.t, ldv = p.v.t;
+            Kb = k0 + j0 * p.k.t, ldk = p.k.t;
+        } else {
+            for (int j = 0; j < nk; ++j) load_row(Kc + j * D, k0 + (j0 + j) * p.k.t, D);
+            Kb = Kc, ldk = D;
+        }
+        if (!in_place || D != Dp) {
+            for (int j = 0; j < nk; ++j) load_row(Vp + j * Dp, v0 + (j0 + j) * p.v.t, D);
             Vb = Vp, ldv = Dp;
         }
-        const float* Kb = k0 + j0 * p.k.t;  // K read in place: its rows are broadcast
         if (full && have_max) {
             for (int col = 0; col < BQ; col += W) {
                 simd::store(colmax + col, splat(-simd::kInf));
                 simd::store(colsum + col, vf{});
             }
-            gemm<false>(nk, BQ, D, Kb, p.k.t, Qt, BQ, ST, BQ, nullptr, false,
+            gemm<false>(nk, BQ, D, Kb, ldk, Qt, BQ, ST, BQ, nullptr, false,
                         ScoreEpilogue{m, colmax, colsum, mod});
             bool stale = false;
             for (int r = 0; r < nq; ++r) stale |= colmax[r] > m[r] + kHeadroom;
@@ -242,7 +260,7 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
             }
         }
         // The two-pass step: S^T = K Q^T, then max, rescale and exponentials.
-        gemm<false>(nk, BQ, D, Kb, p.k.t, Qt, BQ, ST, BQ, nullptr, false, mod);
+        gemm<false>(nk, BQ, D, Kb, ldk, Qt, BQ, ST, BQ, nullptr, false, mod);
         if (!full)
             for (int j = 0; j < nk; ++j) key_columns(p, j0 + j, R0, nq, lo[j], hi[j], g);
         online_softmax(ST, nk, BQ, full, lo, hi, m, l, corr);
@@ -259,26 +277,26 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
         for (int r = 0; r < nq; ++r) have_max &= m[r] != -simd::kInf;
     }
 
+    // The call's o is rounded to T here, once; a split-KV part stays float32
+    // until the merge.
     for (int r = 0; r < nq; ++r) {
         const int64_t R = R0 + r, t = R / g, h = head0 + R % g;
-        float* dst = out.o ? out.o + r * D : io.o + b * p.o.b + h * p.o.h + t * p.o.t;
         float* lse = out.o ? out.lse + r : io.lse + (b * p.H + h) * int64_t(p.Tq) + t;
         // Geometry, and then l, decide: a NaN or +inf score makes l NaN, and
         // that row's output must say so; l == 0 means every score it saw was
         // -inf, so every key dropped out and it is a row that sees no key
         // (or, for a split-KV part, no key of its range).
-        if ((row_sees_keys(p, R, g) || sink != -simd::kInf) && l[r] != 0.0f) {
-            const float inv = 1.0f / l[r];
-            for (int d = 0; d < D; ++d) dst[d] = O[r * Dp + d] * inv;
-            *lse = m[r] + std::log(l[r]);
-        } else {  // a row that sees no key (nor a sink)
-            for (int d = 0; d < D; ++d) dst[d] = 0.0f;
-            *lse = -simd::kInf;
-        }
+        const bool seen = (row_sees_keys(p, R, g) || sink != -simd::kInf) && l[r] != 0.0f;
+        if (!seen) std::memset(O + r * Dp, 0, sizeof(float) * D);  // a row that sees no key (nor a sink)
+        const float inv = seen ? 1.0f / l[r] : 1.0f;
+        if (out.o)
+            store_row(out.o + r * D, O + r * Dp, D, inv);
+        else
+            store_row(static_cast<T*>(io.o) + b * p.o.b + h * p.o.h + t * p.o.t, O + r * Dp, D,
+                      inv);
+        *lse = seen ? m[r] + std::log(l[r]) : -simd::kInf;
     }
 }
-
-}  // namespace
 
 // Split-KV ("flash decoding"): a call with too few tiles to keep the cores
 // busy (a decoding step has one per kv head) cuts each tile's keys into
@@ -289,7 +307,8 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
 constexpr int64_t kTargetTasks = 16;
 constexpr int64_t kSplitMinKeys = 512;
 
-void attention_forward(const FlashParams& p, const ForwardIO& io) {
+template <class T>
+void forward_call(const FlashParams& p, const ForwardIO& io) {
     // A kv head's query heads share a tile, unless a score option (whose
     // values are per head) is in force: then each head has its own tiles.
     const int g = p.score_mods == 0 ? p.group : 1;
@@ -318,7 +337,7 @@ void attention_forward(const FlashParams& p, const ForwardIO& io) {
     if (splits == 1) {
         parallel_for(tiles, [&](int64_t t) {
             const Tile x = tile_of(t);
-            forward_block(p, io, x.b, x.head0, g, x.R0, x.nq, BQ,
+            forward_block<T>(p, io, x.b, x.head0, g, x.R0, x.nq, BQ,
                           keys_of_rows(p, x.R0, x.R0 + x.nq, g), TileOutput{}, true);
         });
         return;
@@ -334,7 +353,7 @@ void attention_forward(const FlashParams& p, const ForwardIO& io) {
         const int64_t begin = std::min(band.end, band.begin + s * chunk);
         const Range keys{begin, std::min(band.end, begin + chunk)};
         // A sink is one logit of the row, not of each part: the first part has it.
-        forward_block(p, io, x.b, x.head0, g, x.R0, x.nq, BQ, keys,
+        forward_block<T>(p, io, x.b, x.head0, g, x.R0, x.nq, BQ, keys,
                       TileOutput{part_o.data() + size_t(t) * BQ * p.D,
                                  part_lse.data() + size_t(t) * BQ},
                       s == 0);
@@ -343,13 +362,20 @@ void attention_forward(const FlashParams& p, const ForwardIO& io) {
         const Tile x = tile_of(t);
         const float* o_parts = part_o.data() + size_t(t * splits) * BQ * p.D;
         const float* lse_parts = part_lse.data() + size_t(t * splits) * BQ;
+        float* merged = scratch(size_t(p.D), 0);  // one row, float32 until stored
         for (int r = 0; r < x.nq; ++r) {
             const int64_t R = x.R0 + r, tq = R / g, h = x.head0 + R % g;
             merge_row(int(splits), o_parts + r * p.D, int64_t(BQ) * p.D, lse_parts + r, BQ, p.D,
-                      io.o + x.b * p.o.b + h * p.o.h + tq * p.o.t,
-                      io.lse + (x.b * p.H + h) * int64_t(p.Tq) + tq);
+                      merged, io.lse + (x.b * p.H + h) * int64_t(p.Tq) + tq);
+            store_row(static_cast<T*>(io.o) + x.b * p.o.b + h * p.o.h + tq * p.o.t, merged, p.D);
         }
     });
+}
+
+}  // namespace
+
+void attention_forward(const FlashParams& p, const ForwardIO& io) {
+    with_element_type(io.dtype, [&](auto element) { forward_call<decltype(element)>(p, io); });
 }
 
 }  // namespace flashattn::cpu::FLASHATTN_CPU_ISA

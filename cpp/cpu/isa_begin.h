@@ -75,14 +75,14 @@
 #if !defined(__GNUC__)
 #error "per-ISA kernels need GCC or Clang (target pragmas)"
 #elif defined(__clang__) && defined(FLASHATTN_CPU_ISA_AVX512)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c"))), apply_to = function)
 #elif defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#pragma clang attribute push(__attribute__((target("avx2,fma,f16c"))), apply_to = function)
 #elif defined(FLASHATTN_CPU_ISA_AVX512)
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma")
+#pragma GCC target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")
 #else
 #pragma GCC push_options
-#pragma GCC target("avx2,fma")
+#pragma GCC target("avx2,fma,f16c")
 #endif
 #endif

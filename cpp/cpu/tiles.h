@@ -12,6 +12,7 @@ namespace flashattn::cpu::FLASHATTN_CPU_ISA {
 // and a multiple of the vector width, as queries run along vector lanes.
 constexpr int kBlockK = 64;
 constexpr int kBlockQ = 64;
+constexpr int kMaxD = 256;  // head sizes are 1..kMaxD (core/params.h: kMaxHeadDim)
 
 constexpr float kLog2e = 1.4426950408889634f;
 
@@ -89,13 +90,15 @@ inline int query_block(int64_t rows, int width) {
     return int(std::min<int64_t>(kBlockQ, round_up(rows, width)));
 }
 
-// Asks for rows [0, n) of a block (cols floats each, row stride ld) to come
+// Asks for rows [0, n) of a block (cols elements of T each, row stride ld) to come
 // into cache ahead of use: K and V rows sit a head's stride apart, so the
 // hardware prefetchers see short streams and a long-T or decoding pass would
 // otherwise wait on memory at every block.
-inline void prefetch_rows(const float* x, int n, int cols, int64_t ld) {
+template <class T>
+inline void prefetch_rows(const T* x, int n, int cols, int64_t ld) {
+    constexpr int line = 64 / int(sizeof(T));  // elements per cache line
     for (int r = 0; r < n; ++r)
-        for (int c = 0; c < cols; c += 16) __builtin_prefetch(x + r * ld + c, 0, 3);
+        for (int c = 0; c < cols; c += line) __builtin_prefetch(x + r * ld + c, 0, 3);
 }
 
 // 64-byte aligned float memory, uninitialised (huge pages when large).

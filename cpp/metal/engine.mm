@@ -26,17 +26,14 @@ public:
 
     std::string name() const override { return "metal"; }
 
-    OutputBuffer allocate(size_t n_floats) override {
-        if (n_floats > std::numeric_limits<size_t>::max() / sizeof(float)) throw std::bad_alloc();
-        return allocate_bytes(n_floats * sizeof(float));
-    }
+    OutputBuffer allocate(size_t bytes) override { return allocate_bytes(bytes); }
 
     // Every entry point that calls Objective-C runs in an autorelease pool:
     // it is called from Python threads, which have none.
     OutputBuffer allocate_bytes(size_t bytes) override {
         std::shared_ptr<Pool::Lease> lease;
         with_autorelease_pool([&] { lease = pool_->acquire(bytes); });
-        float* data = static_cast<float*>(lease->data);
+        void* data = lease->data;
         return {data, std::shared_ptr<void>(std::move(lease))};
     }
 

@@ -105,28 +105,33 @@ public:
         bool bound = false;
     };
 
+    // The call's arrays as float32: the metal engine takes no other dtype
+    // yet (Engine::dtype_supported; run_forward refuses the others).
+    static const float* f32(const void* p) { return static_cast<const float*>(p); }
+    static float* f32(void* p) { return static_cast<float*>(p); }
+
     static CallBuffers forward(Pool& pool, const FlashParams& p, const ForwardIO& io) {
         CallBuffers c(pool, p);
-        c.input(Slot::q, io.q, {p.B, p.Tq, p.H, p.D, p.q}, &c.params_.q);
-        c.input(Slot::k, io.k, {p.B, p.Tk, p.Hkv, p.D, p.k}, &c.params_.k);
-        c.input(Slot::v, io.v, {p.B, p.Tk, p.Hkv, p.D, p.v}, &c.params_.v);
-        c.output(Slot::o, io.o, int64_t(p.B) * p.Tq * p.H * p.D);
+        c.input(Slot::q, f32(io.q), {p.B, p.Tq, p.H, p.D, p.q}, &c.params_.q);
+        c.input(Slot::k, f32(io.k), {p.B, p.Tk, p.Hkv, p.D, p.k}, &c.params_.k);
+        c.input(Slot::v, f32(io.v), {p.B, p.Tk, p.Hkv, p.D, p.v}, &c.params_.v);
+        c.output(Slot::o, f32(io.o), int64_t(p.B) * p.Tq * p.H * p.D);
         c.output(Slot::lse, io.lse, lse_elements(p));
         return c;
     }
 
     static CallBuffers backward(Pool& pool, const FlashParams& p, const BackwardIO& io) {
         CallBuffers c(pool, p);
-        c.input(Slot::dout, io.dout, {p.B, p.Tq, p.H, p.D, p.dout}, &c.params_.dout);
-        c.input(Slot::q, io.q, {p.B, p.Tq, p.H, p.D, p.q}, &c.params_.q);
-        c.input(Slot::k, io.k, {p.B, p.Tk, p.Hkv, p.D, p.k}, &c.params_.k);
-        c.input(Slot::v, io.v, {p.B, p.Tk, p.Hkv, p.D, p.v}, &c.params_.v);
-        c.input(Slot::o, io.o, {p.B, p.Tq, p.H, p.D, p.o}, &c.params_.o);
+        c.input(Slot::dout, f32(io.dout), {p.B, p.Tq, p.H, p.D, p.dout}, &c.params_.dout);
+        c.input(Slot::q, f32(io.q), {p.B, p.Tq, p.H, p.D, p.q}, &c.params_.q);
+        c.input(Slot::k, f32(io.k), {p.B, p.Tk, p.Hkv, p.D, p.k}, &c.params_.k);
+        c.input(Slot::v, f32(io.v), {p.B, p.Tk, p.Hkv, p.D, p.v}, &c.params_.v);
+        c.input(Slot::o, f32(io.o), {p.B, p.Tq, p.H, p.D, p.o}, &c.params_.o);
         // lse is (B, H, Tq) C-contiguous (checked by make_backward_params).
         c.input(Slot::lse, io.lse, {1, 1, 1, lse_elements(p), {0, 0, 0}}, nullptr);
-        c.output(Slot::dq, io.dq, int64_t(p.B) * p.Tq * p.H * p.D);
-        c.output(Slot::dk, io.dk, int64_t(p.B) * p.Tk * p.Hkv * p.D);
-        c.output(Slot::dv, io.dv, int64_t(p.B) * p.Tk * p.Hkv * p.D);
+        c.output(Slot::dq, f32(io.dq), int64_t(p.B) * p.Tq * p.H * p.D);
+        c.output(Slot::dk, f32(io.dk), int64_t(p.B) * p.Tk * p.Hkv * p.D);
+        c.output(Slot::dv, f32(io.dv), int64_t(p.B) * p.Tk * p.Hkv * p.D);
         return c;
     }
 

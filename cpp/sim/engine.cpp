@@ -12,8 +12,8 @@ namespace {
 
 // The score options' arrays; an absent one is bound to `any` (the kernels
 // read none of them without its score_mods bit, as the metal host does).
-void bind_score_arrays(sim::SlotPointers& slots, const ScoreInputs& in, const float* any) {
-    auto or_any = [&](const void* p) { return const_cast<void*>(p ? p : static_cast<const void*>(any)); };
+void bind_score_arrays(sim::SlotPointers& slots, const ScoreInputs& in, const void* any) {
+    auto or_any = [&](const void* p) { return const_cast<void*>(p ? p : any); };
     slots[size_t(Slot::alibi)] = or_any(in.alibi_slopes);
     slots[size_t(Slot::mask)] = or_any(in.mask);
     slots[size_t(Slot::sinks)] = or_any(in.sinks);
@@ -34,9 +34,9 @@ public:
         plan.score = io.score.params;
         sim::SlotPointers slots{};
         bind_score_arrays(slots, io.score, io.q);
-        slots[size_t(Slot::q)] = const_cast<float*>(io.q);
-        slots[size_t(Slot::k)] = const_cast<float*>(io.k);
-        slots[size_t(Slot::v)] = const_cast<float*>(io.v);
+        slots[size_t(Slot::q)] = const_cast<void*>(io.q);
+        slots[size_t(Slot::k)] = const_cast<void*>(io.k);
+        slots[size_t(Slot::v)] = const_cast<void*>(io.v);
         slots[size_t(Slot::o)] = io.o;
         slots[size_t(Slot::lse)] = io.lse;
         sim::run_plan(plan, slots);
@@ -47,11 +47,11 @@ public:
         plan.score = io.score.params;
         sim::SlotPointers slots{};
         bind_score_arrays(slots, io.score, io.q);
-        slots[size_t(Slot::dout)] = const_cast<float*>(io.dout);
-        slots[size_t(Slot::q)] = const_cast<float*>(io.q);
-        slots[size_t(Slot::k)] = const_cast<float*>(io.k);
-        slots[size_t(Slot::v)] = const_cast<float*>(io.v);
-        slots[size_t(Slot::o)] = const_cast<float*>(io.o);
+        slots[size_t(Slot::dout)] = const_cast<void*>(io.dout);
+        slots[size_t(Slot::q)] = const_cast<void*>(io.q);
+        slots[size_t(Slot::k)] = const_cast<void*>(io.k);
+        slots[size_t(Slot::v)] = const_cast<void*>(io.v);
+        slots[size_t(Slot::o)] = const_cast<void*>(io.o);
         slots[size_t(Slot::lse)] = const_cast<float*>(io.lse);
         slots[size_t(Slot::dq)] = io.dq;
         slots[size_t(Slot::dk)] = io.dk;
