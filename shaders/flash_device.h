@@ -125,14 +125,14 @@ FA_INLINE float4 fa_load4(device const bfloat* p) {
 // a 16-bit tile is read by each lane at its two elements (Apple's layout,
 // fa_lane) and widened, as MLX's steel kernels load theirs: MSL's
 // simdgroup_load moves no type into another, and needs no bfloat matrices.
-FA_INLINE void fa_load_tile(thread fa_frag& f, threadgroup const float* src, int ld, bool transpose,
-                            FaLane at) {
+FA_ALWAYS_INLINE void fa_load_tile(thread fa_frag& f, threadgroup const float* src, int ld, bool transpose,
+                                   FaLane at) {
     (void)at;
     simdgroup_load(f, src, ulong(ld), ulong2(0, 0), transpose);
 }
 template <class T>
-FA_INLINE void fa_load_tile(thread fa_frag& f, threadgroup const T* src, int ld, bool transpose,
-                            FaLane at) {
+FA_ALWAYS_INLINE void fa_load_tile(thread fa_frag& f, threadgroup const T* src, int ld, bool transpose,
+                                   FaLane at) {
     const int first = transpose ? at.col * ld + at.row : at.row * ld + at.col;
     const int second = transpose ? first + ld : first + 1;
     f.thread_elements()[0] = float(src[first]);
@@ -141,7 +141,7 @@ FA_INLINE void fa_load_tile(thread fa_frag& f, threadgroup const T* src, int ld,
 
 // A fragment's lane elements times s (1 where the tile already holds the
 // scale: a no-op the compiler removes).
-FA_INLINE void fa_scale_frag(thread fa_frag& f, float s) {
+FA_ALWAYS_INLINE void fa_scale_frag(thread fa_frag& f, float s) {
     f.thread_elements()[0] *= s;
     f.thread_elements()[1] *= s;
 }

@@ -95,6 +95,15 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 #define FA_UNROLL _Pragma("clang loop unroll(full)")
 #endif
 
+// For the small wrappers around simdgroup functions in the tile loops:
+// inlined first, as a call of simdgroup_load itself is, before the loops
+// around it are unrolled. (A plain `inline` wrapper of simdgroup_load,
+// inlined later, changed the gate proxy's register allocation: dQ hd64
+// went from 117 VGPRs to 128 and spills.) MLX's METAL_FUNC is the same.
+#ifndef FA_ALWAYS_INLINE
+#define FA_ALWAYS_INLINE inline __attribute__((always_inline))
+#endif
+
 // host_name on an explicit template instantiation: clang's C++ parser
 // rejects the attribute there, so the C++ side defines this as nothing.
 #ifndef FA_HOST_NAME
