@@ -408,6 +408,14 @@ NB_MODULE(_core, m) {
             out.append(nb::make_tuple(e.name, e.reason, e.failed));
         return out;
     });
+    // The dtypes an engine's kernels take (tests parametrise by them).
+    m.def("_engine_dtypes", [](const std::string& name) {
+        std::vector<std::string> out;
+        Engine& engine = get_engine(name);
+        for (DType d : {DType::f32, DType::f16, DType::bf16})
+            if (engine.dtype_supported(d)) out.emplace_back(dtype_name(d));
+        return out;
+    }, nb::arg("backend"));
     m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("causal"),
           nb::arg("window_left"), nb::arg("window_right"), nb::arg("scale").none(),
           nb::arg("softcap") = 0.0, nb::arg("alibi_slopes").none() = nb::none(),

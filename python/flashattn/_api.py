@@ -4,6 +4,7 @@ shapes and runs the chosen engine with the GIL released."""
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 
 from . import _main_interpreter  # first: refuses a subinterpreter before _core loads
@@ -37,30 +38,66 @@ def get_num_threads() -> int:
     return int(_core.get_num_threads())
 
 
-def _input(fn: str, name: str, x) -> np.ndarray:
-    """x as a float32 array whose last axis is contiguous: in place when it
-    already is (a slice of a packed qkv array is not copied), else one copy.
-    Arrays of other libraries in host memory are viewed as NumPy arrays first."""
+# The dtypes of q, k, v (and do, o, dq, dk, dv), by the name _core takes.
+_DATA_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
+                np.dtype(ml_dtypes.bfloat16): "bfloat16"}
+
+
+def _dtype_error(fn: str, name: str, dtype) -> TypeError:
+    if dtype.kind == "f" and not dtype.isnative:
+        return TypeError(f"{fn}: {name} has non-native byte order ({dtype.str}); convert with "
+                         f"{name}.astype(np.{dtype.newbyteorder('=').name})")
+    return TypeError(f"{fn}: {name} must be float32, float16 or bfloat16 (ml_dtypes), got "
+                     f"{dtype}; convert with {name}.astype(np.float32) (nothing is cast for you)")
+
+
+def _input(fn: str, name: str, x, floats_only: bool = False) -> np.ndarray:
+    """x as a float32, float16 or bfloat16 array (float32 only with
+    floats_only: lse) whose last axis is contiguous: in place when it already
+    is (a slice of a packed qkv array is not copied), else one copy. Arrays of
+    other libraries in host memory are viewed as NumPy arrays first."""
     if isinstance(x, (np.ndarray, np.generic)):
         x = _args.array(fn, name, x)  # masked arrays and NumPy scalars are refused
     x = host_array(fn, name, x)  # torch, JAX, MLX, DLPack, buffers: viewed, not copied
-    if x.dtype != np.float32:
+    if floats_only and x.dtype != np.float32:
         if x.dtype.kind == "f" and x.dtype.itemsize == 4:
-            raise TypeError(
-                f"{fn}: {name} has non-native byte order ({x.dtype.str}); "
-                f"convert with {name}.astype(np.float32)"
-            )
-        raise TypeError(
-            f"{fn}: {name} must be float32, got {x.dtype}; convert with {name}.astype(np.float32)"
-        )
+            raise _dtype_error(fn, name, x.dtype)
+        raise TypeError(f"{fn}: {name} must be float32 (lse always is), got {x.dtype}; "
+                        f"convert with {name}.astype(np.float32)")
+    if x.dtype not in _DATA_DTYPES:
+        raise _dtype_error(fn, name, x.dtype)
     if x.size == 0:
         return x  # nothing is read: its strides do not matter
+    size = x.dtype.itemsize
     in_place = (
         x.flags.aligned
-        and all(s % 4 == 0 for s in x.strides)
-        and (x.ndim == 0 or x.shape[-1] <= 1 or x.strides[-1] == 4)
+        and all(s % size == 0 for s in x.strides)
+        and (x.ndim == 0 or x.shape[-1] <= 1 or x.strides[-1] == size)
     )
     return x if in_place else _contiguous_copy(x)
+
+
+def _one_dtype(fn: str, arrays: dict) -> str:
+    """The call's dtype name: every array of ``arrays`` (q, k, v, and do, o
+    in the backward) must share q's, else TypeError naming each."""
+    dtypes = {name: x.dtype for name, x in arrays.items()}
+    if len(set(dtypes.values())) > 1:
+        seen = ", ".join(f"{name} is {dtype}" for name, dtype in dtypes.items())
+        raise TypeError(f"{fn}: q, k and v must share one dtype (and do, o have q's); {seen}. "
+                        f"Convert them with .astype(), e.g. .astype(q.dtype)")
+    return _DATA_DTYPES[dtypes["q"]]
+
+
+def _raw(x: np.ndarray) -> np.ndarray:
+    """x as _core takes it: float32 as it is, 16-bit floats as their uint16 bits."""
+    return x if x.dtype == np.float32 else x.view(np.uint16)
+
+
+def _cooked(x: np.ndarray, dtype: str) -> np.ndarray:
+    """An output of _core (float32, or uint16 bits) in the call's dtype."""
+    if dtype == "float32":
+        return x
+    return x.view(np.float16 if dtype == "float16" else ml_dtypes.bfloat16)
 
 
 def _backend(fn: str, backend) -> str | None:
@@ -133,11 +170,13 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, softcap=0.0
     """
     fn = "attention"
     q, k, v = (_input(fn, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    dtype = _one_dtype(fn, {"q": q, "k": k, "v": v})
     causal, return_lse = _args.flag(fn, "causal", causal), _args.flag(fn, "return_lse", return_lse)
     left, right = _args.window(fn, window)
     score = _score_options(fn, q, k, softcap, alibi_slopes, mask, sinks)
-    o, lse = _core.forward(q, k, v, causal, left, right, _args.scale(fn, scale),
-                           backend=_backend(fn, backend), **score)
+    o, lse = _core.forward(_raw(q), _raw(k), _raw(v), causal, left, right, _args.scale(fn, scale),
+                           backend=_backend(fn, backend), dtype=dtype, **score)
+    o = _cooked(o, dtype)
     return (o, lse) if return_lse else o
 
 
@@ -155,28 +194,34 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, window=(-1, -1), sc
     """
     fn = "attention_backward"
     arrays = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse}
-    do, q, k, v, o, lse = (_input(fn, name, x) for name, x in arrays.items())
+    do, q, k, v, o, lse = (_input(fn, name, x, floats_only=name == "lse")
+                           for name, x in arrays.items())
+    dtype = _one_dtype(fn, {"q": q, "k": k, "v": v, "do": do, "o": o})
     if not lse.flags.c_contiguous:
         lse = _contiguous_copy(lse)  # (B, H, Tq): O(B·H·T) at most
     causal = _args.flag(fn, "causal", causal)
     left, right = _args.window(fn, window)
     score = _score_options(fn, q, k, softcap, alibi_slopes, mask, sinks)
-    return _core.backward(do, q, k, v, o, lse, causal, left, right, _args.scale(fn, scale),
-                          backend=_backend(fn, backend), **score)
+    grads = _core.backward(_raw(do), _raw(q), _raw(k), _raw(v), _raw(o), lse, causal, left, right,
+                           _args.scale(fn, scale), backend=_backend(fn, backend), dtype=dtype,
+                           **score)
+    return tuple(_cooked(g, dtype) for g in grads[:3]) + tuple(grads[3:])
 
 
 def _varlen_arguments(fn, arrays, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                       softcap, alibi_slopes, sinks):
     """The arrays as _input makes them, the prefix sums checked, the options
     as _core takes them (slopes (batch, H))."""
-    arrays = {name: _input(fn, name, x) for name, x in arrays.items()}
+    arrays = {name: _input(fn, name, x, floats_only=name == "lse") for name, x in arrays.items()}
+    dtype = _one_dtype(fn, {name: x for name, x in arrays.items() if name != "lse"})
     q, k = arrays["q"], arrays["k"]
     cu_q, cu_k = _args.varlen_sequences(fn, q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                         max_seqlen_k)
     batch, H = cu_q.shape[0] - 1, q.shape[1]
     score = dict(softcap=_args.softcap(fn, softcap),
                  alibi_slopes=_args.alibi_slopes(fn, alibi_slopes, batch, H),
-                 sinks=_args.sinks(fn, sinks, H))
+                 sinks=_args.sinks(fn, sinks, H), dtype=dtype)
+    arrays = {name: x if name == "lse" else _raw(x) for name, x in arrays.items()}
     return arrays, cu_q, cu_k, score
 
 
@@ -209,6 +254,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     o, lse = _core.forward_varlen(arrays["q"], arrays["k"], arrays["v"], cu_q, cu_k, causal, left,
                                   right, _args.scale(fn, scale), backend=_backend(fn, backend),
                                   **score)
+    o = _cooked(o, score["dtype"])
     return (o, lse) if return_lse else o
 
 
@@ -229,6 +275,8 @@ def attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *
     if lse.shape != (arrays["q"].shape[1], arrays["q"].shape[0]):
         raise ValueError(f"{fn}: lse must have shape (H, total_q) = "
                          f"{(arrays['q'].shape[1], arrays['q'].shape[0])}, got {lse.shape}")
-    return _core.backward_varlen(arrays["do"], arrays["q"], arrays["k"], arrays["v"], arrays["o"],
-                                 np.ascontiguousarray(lse), cu_q, cu_k, causal, left, right,
-                                 _args.scale(fn, scale), backend=_backend(fn, backend), **score)
+    grads = _core.backward_varlen(arrays["do"], arrays["q"], arrays["k"], arrays["v"],
+                                  arrays["o"], np.ascontiguousarray(lse), cu_q, cu_k, causal,
+                                  left, right, _args.scale(fn, scale),
+                                  backend=_backend(fn, backend), **score)
+    return tuple(_cooked(g, score["dtype"]) for g in grads[:3]) + tuple(grads[3:])

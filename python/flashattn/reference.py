@@ -127,13 +127,17 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, softcap=0.0
 
 def attention_backward(do, q, k, v, o=None, lse=None, *, causal=False, window=(-1, -1),
                        scale=None, softcap=0.0, alibi_slopes=None, mask=None, sinks=None,
-                       dtype=np.float64):
+                       dtype=np.float64, delta_from_o=False):
     """Same contract as flashattn.attention_backward; computed in ``dtype``.
 
     P is recomputed from q and k in ``dtype`` (the oracle trusts nothing it is
     handed); ``o`` and ``lse`` are accepted so that calls read the same as
-    with the engines, and are not used. Returns dq, dk, dv, and dsinks (H,)
-    when ``sinks`` is given.
+    with the engines, and are not used, except that ``delta_from_o=True``
+    takes the softmax backward's delta = rowsum(do * o) from the ``o`` handed
+    in, as FlashAttention's backward (and every engine's) does: the plain
+    implementation of the same inputs, which the tests measure the engines
+    against when o is float16 or bfloat16 and so not exact. Returns dq, dk,
+    dv, and dsinks (H,) when ``sinks`` is given.
     """
     opts = dict(causal=causal, window=window, scale=scale, softcap=softcap,
                 alibi_slopes=alibi_slopes, mask=mask, sinks=sinks)
@@ -154,7 +158,13 @@ def attention_backward(do, q, k, v, o=None, lse=None, *, causal=False, window=(-
     dp = np.einsum("bqhd,bkhd->bhqk", do, v_rep)
     # Softmax backward; the sink's dp is 0 (its value vector is zero), so
     # delta = sum_j p dp = do . o, sink or not.
-    delta = (dp * p).sum(axis=-1, keepdims=True)
+    if delta_from_o:
+        if o is None or np.shape(o) != q.shape:
+            raise ValueError(f"attention_backward: delta_from_o needs o of q's shape {q.shape}")
+        o = np.asarray(_args.array("attention_backward", "o", o), dtype=dtype)
+        delta = np.einsum("bqhd,bqhd->bhq", do, o)[..., None]
+    else:
+        delta = (dp * p).sum(axis=-1, keepdims=True)
     ds = p * (dp - delta) * ds_dscore  # through the softcap's tanh to scale * q.k
     dq = np.einsum("bhqk,bkhd->bqhd", ds, k_rep) * opt["scale"]
     dk_rep = np.einsum("bhqk,bqhd->bkhd", ds, q) * opt["scale"]

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 import flashattn as fa
-from flashattn import _engines
-from helpers import WORST, Case, fits
+from flashattn import _core, _engines
+from helpers import DTYPES, WORST, Case, dtype_id, fits
 
 BACKENDS = fa.backends()
 
@@ -36,12 +36,22 @@ def pytest_generate_tests(metafunc):
         ]
         params += _metal_skipped_here()
         metafunc.parametrize("backend", params)
+    if "dtype" in metafunc.fixturenames:
+        metafunc.parametrize("dtype", [pytest.param(d, id=name) for name, d in DTYPES.items()])
 
 
-# Engine bugs these tests found, by (test function, backend): the test runs
-# and must fail (strict xfail), so an entry has to go when its bug is fixed.
-# Reproductions are in the test named; each engine's owner fixes its own.
+# Engine bugs these tests found, by (test function, backend) or (test
+# function, backend, dtype id): the test runs and must fail (strict xfail),
+# so an entry has to go when its bug is fixed. Reproductions are in the test
+# named; each engine's owner fixes its own.
+_SCALE_1_5 = (
+    "o is 3.69x the float32 NumPy error (limit 2) for B=2, Tq=5, Tk=42, H=Hkv=1, D=58, "
+    "scale=1.5, seed 2, contiguous layouts (scores ~ +-30); main's cpu engine gives the same "
+    "9.62e-6 error on it (checked); drawn since the property tests take a dtype (issue 15); "
+    "cause not analysed yet")
 KNOWN_BUGS: dict = {
+    ("test_forward_property", "cpu", "f32"): _SCALE_1_5,
+    ("test_forward_property", "metal-sim", "f32"): _SCALE_1_5,
 }
 
 
@@ -50,9 +60,17 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         params = getattr(item, "callspec", None)
         params = params.params if params else {}
-        reason = KNOWN_BUGS.get((getattr(item, "originalname", item.name), params.get("backend")))
+        name = getattr(item, "originalname", item.name)
+        dtype_key = dtype_id(params["dtype"]) if "dtype" in params else None
+        reason = (KNOWN_BUGS.get((name, params.get("backend"), dtype_key))
+                  or KNOWN_BUGS.get((name, params.get("backend"))))
         if reason:
             item.add_marker(pytest.mark.xfail(strict=True, reason=reason))
+        dtype = params.get("dtype")
+        if "backend" in params and dtype is not None and params["backend"] in BACKENDS and \
+                dtype.name not in _core._engine_dtypes(params["backend"]):
+            item.add_marker(pytest.mark.skip(
+                reason=f"the {params['backend']} engine does not take {dtype.name} yet"))
         case = params.get("case")
         if "backend" in params and isinstance(case, Case) and not fits(params["backend"], case):
             drop.append(item)
@@ -76,10 +94,13 @@ def pytest_terminal_summary(terminalreporter):
         return
     tr = terminalreporter
     tr.section("worst error ratio against the float64 reference")
-    tr.write_line("ratio = engine error / max(plain float32 NumPy error, 1e-6 x magnitude); "
-                  "the limit each test allowed in brackets (xfailed tests included)")
+    tr.write_line("ratio = engine error / max(plain float32 NumPy error (rounded to the dtype), "
+                  "1e-6 x magnitude); the limit each test allowed in brackets, plus half an ulp "
+                  "of the dtype x magnitude (xfailed tests included)")
     order = {"o": 0, "lse": 1, "dq": 2, "dk": 3, "dv": 4, "dsinks": 5}
-    for backend in sorted({b for b, _, _ in WORST}):
-        keys = sorted((k for k in WORST if k[0] == backend), key=lambda k: (k[2], order.get(k[1], 9)))
-        cells = [f"{name} {WORST[(b, name, f)]:.2f} [{f:g}]" for b, name, f in keys]
-        tr.write_line(f"  {backend:<10} " + "  ".join(cells))
+    dtypes = list(DTYPES)
+    for backend, dtype in sorted({k[:2] for k in WORST}, key=lambda k: (k[0], dtypes.index(k[1]))):
+        keys = sorted((k for k in WORST if k[:2] == (backend, dtype)),
+                      key=lambda k: (k[3], order.get(k[2], 9)))
+        cells = [f"{name} {WORST[(b, d, name, f)]:.2f} [{f:g}]" for b, d, name, f in keys]
+        tr.write_line(f"  {backend:<10} {dtype:<5} " + "  ".join(cells))

@@ -6,13 +6,22 @@ The tolerance rule (FlashAttention's tests/test_flash_attn.py): an engine's
 max |error| against the float64 reference may be at most FACTOR times the max
 |error| of the plain, unfused float32 NumPy implementation of the same math
 (``fa.reference.*(..., dtype=np.float32)``) against the same reference:
-FACTOR = 2 for the forward (o, lse), 3 for gradients. To avoid 0-vs-0 ratios
+FACTOR = 2 for the forward (o, lse), 3 for gradients (whose plain
+implementation takes delta = rowsum(do * o) from the o handed in, as the
+engines do). To avoid 0-vs-0 ratios
 (e.g. Tk = 1, where float32 is exact), the baseline error is raised to a floor
 of 1e-6 x the magnitude of the values (max |reference| of that array; for
 gradients, the largest of dq, dk, dv, since dq is exactly zero in exact
 arithmetic when a row sees a single key):
 
     max|engine - ref64| <= FACTOR * max(max|numpy32 - ref64|, 1e-6 * magnitude)
+                           + ulp(dtype) / 2 * magnitude
+
+In float16 and bfloat16 (issue 15) the same rule holds in the input
+precision: the inputs are the half arrays (the float64 reference reads them
+exactly), the yardstick numpy32 computes in float32 from them and rounds its
+result to the dtype, and the last term is half an ulp of the output's dtype
+(float32's for lse, which is float32 always) at the output's magnitude.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
+import ml_dtypes
 import numpy as np
 
 import flashattn as fa
@@ -34,8 +44,23 @@ FLOOR = 1e-6
 SIMULATED = {"metal-sim"}
 SIM_BUDGET = 150_000_000
 
-# Worst ratio seen, error / max(baseline error, floor), per (backend, output,
-# factor the test allowed): printed at the end of the session by conftest.
+# The dtypes of q, k, v (a test that takes `dtype` runs in each, on every
+# engine that takes it: conftest.py), by the id pytest shows.
+DTYPES = {"f32": np.dtype(np.float32), "f16": np.dtype(np.float16),
+          "bf16": np.dtype(ml_dtypes.bfloat16)}
+
+
+def dtype_id(dtype) -> str:
+    return next(name for name, d in DTYPES.items() if d == np.dtype(dtype))
+
+
+def half_ulp(dtype) -> float:
+    """Half the spacing of dtype's numbers at 1 (its unit roundoff)."""
+    return float(ml_dtypes.finfo(dtype).eps) / 2
+
+
+# Worst ratio seen, error / max(baseline error, floor), per (backend, dtype,
+# output, factor the test allowed): printed at the end of the session by conftest.
 WORST: dict = defaultdict(float)
 
 
@@ -71,14 +96,14 @@ def fits(backend: str, case: Case) -> bool:
     return backend not in SIMULATED or case.work <= SIM_BUDGET
 
 
-def inputs(case: Case, seed: int = 0):
-    """q, k, v, do: standard normal float32, seeded."""
+def inputs(case: Case, seed: int = 0, dtype=np.float32):
+    """q, k, v, do: standard normal float32, seeded, rounded to ``dtype``."""
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((case.B, case.Tq, case.H, case.D), dtype=np.float32)
     k = rng.standard_normal((case.B, case.Tk, case.Hkv, case.D), dtype=np.float32)
     v = rng.standard_normal((case.B, case.Tk, case.Hkv, case.D), dtype=np.float32)
     do = rng.standard_normal((case.B, case.Tq, case.H, case.D), dtype=np.float32)
-    return q, k, v, do
+    return tuple(x.astype(dtype) for x in (q, k, v, do))
 
 
 def _max_abs(x) -> float:
@@ -86,19 +111,24 @@ def _max_abs(x) -> float:
 
 
 def assert_close_to_reference(got, ref64, base32, *, factor: float, backend: str, name: str,
-                              magnitude: float | None = None):
-    """FlashAttention's rule (see the module docstring). ``got`` is the
-    engine's float32 output, ``ref64`` the float64 reference, ``base32`` the
-    plain float32 implementation's output. Entries where the reference is
+                              magnitude: float | None = None, dtype=np.float32, out_dtype=None):
+    """FlashAttention's rule (see the module docstring). ``dtype`` is the
+    inputs'; ``got`` is the engine's output, which must be of ``out_dtype``
+    (default ``dtype``; lse is float32 always), ``ref64`` the float64
+    reference, ``base32`` the plain float32 implementation's output (rounded
+    to ``out_dtype`` here). Entries where the reference is
     -inf (lse of a row that sees no key) must be -inf in ``got`` too and are
     left out of the error. ``magnitude`` (default max |ref64|) sets the floor:
     gradients pass the largest of the three, since one of them can be exactly
     zero in exact arithmetic (dq with a single visible key) while the engine
     and NumPy round differently."""
     got = np.asarray(got)
+    dtype = np.dtype(dtype)
+    out_dtype = dtype if out_dtype is None else np.dtype(out_dtype)
     ref64 = np.asarray(ref64, dtype=np.float64)
-    base32 = np.asarray(base32, dtype=np.float64)
-    assert got.dtype == np.float32, f"{name}: dtype {got.dtype}, want float32"
+    base32 = np.asarray(base32, dtype=np.float32).astype(out_dtype).astype(np.float64)
+    assert got.dtype == out_dtype, f"{name}: dtype {got.dtype}, want {out_dtype}"
+    got = got.astype(np.float64)
     assert got.shape == ref64.shape, f"{name}: shape {got.shape}, want {ref64.shape}"
     assert np.isfinite(ref64[~np.isneginf(ref64)]).all(), f"{name}: the reference is not finite"
     neginf = np.isneginf(ref64)
@@ -110,22 +140,25 @@ def assert_close_to_reference(got, ref64, base32, *, factor: float, backend: str
     finite = ~neginf
     bad = np.flatnonzero(~np.isfinite(got[finite]))
     assert bad.size == 0, f"{name} ({backend}): {bad.size} non-finite values where the reference is finite"
-    err = _max_abs(got[finite].astype(np.float64) - ref64[finite])
+    err = _max_abs(got[finite] - ref64[finite])
     base = _max_abs(base32[finite] - ref64[finite])
     if magnitude is None:
         magnitude = _max_abs(ref64[finite])
     allowed_base = max(base, FLOOR * magnitude)
+    rounding = half_ulp(out_dtype) * magnitude  # the output's own rounding, once
     ratio = err / allowed_base if allowed_base > 0 else (0.0 if err == 0 else float("inf"))
-    key = (backend, name, factor)
+    key = (backend, dtype_id(dtype), name, factor)
     WORST[key] = max(WORST[key], ratio)
-    assert err <= factor * allowed_base, (
-        f"{name} ({backend}): max error {err:.3e} > {factor} x {allowed_base:.3e} "
-        f"(float32 numpy error {base:.3e}); ratio {ratio:.2f}"
+    assert err <= factor * allowed_base + rounding, (
+        f"{name} ({backend}, {dtype} inputs): max error {err:.3e} > {factor} x {allowed_base:.3e} "
+        f"+ {rounding:.3e} (float32 numpy error, rounded to {out_dtype}: {base:.3e}); "
+        f"ratio {ratio:.2f}"
     )
 
 
 def check_forward(backend: str, case: Case, q, k, v, *, scale=None):
-    """Runs the engine's forward on (q, k, v) and checks o and lse by the rule."""
+    """Runs the engine's forward on (q, k, v) and checks o and lse by the
+    rule, in q's dtype."""
     opts = dict(case.opts(), scale=scale)
     o, lse = fa.attention(q, k, v, return_lse=True, backend=backend, **opts)
     o64, lse64 = fa.reference.attention(q, k, v, return_lse=True, **opts)
@@ -133,25 +166,31 @@ def check_forward(backend: str, case: Case, q, k, v, *, scale=None):
     assert isinstance(o, np.ndarray) and isinstance(lse, np.ndarray)
     assert o.flags.c_contiguous and lse.flags.c_contiguous
     assert lse.shape == (case.B, case.H, case.Tq)
-    assert_close_to_reference(o, o64, o32, factor=FORWARD_FACTOR, backend=backend, name="o")
-    assert_close_to_reference(lse, lse64, lse32, factor=FORWARD_FACTOR, backend=backend, name="lse")
+    assert_close_to_reference(o, o64, o32, factor=FORWARD_FACTOR, backend=backend, name="o",
+                              dtype=q.dtype)
+    assert_close_to_reference(lse, lse64, lse32, factor=FORWARD_FACTOR, backend=backend, name="lse",
+                              dtype=q.dtype, out_dtype=np.float32)
     return o, lse
 
 
 def check_backward(backend: str, case: Case, q, k, v, do, *, scale=None):
-    """Runs forward then backward on the engine; checks dq, dk, dv by the rule."""
+    """Runs forward then backward on the engine; checks dq, dk, dv by the
+    rule, in q's dtype (o, the engine's, is of that dtype too)."""
     opts = dict(case.opts(), scale=scale)
     o, lse = fa.attention(q, k, v, return_lse=True, backend=backend, **opts)
     grads = fa.attention_backward(do, q, k, v, o, lse, backend=backend, **opts)
     refs = fa.reference.attention_backward(do, q, k, v, **opts)
-    bases = fa.reference.attention_backward(do, q, k, v, dtype=np.float32, **opts)
+    # The yardstick reads what the engine reads: delta from the o handed in
+    # (the engine's, in q's dtype: float16 and bfloat16 round it).
+    bases = fa.reference.attention_backward(do, q, k, v, o, lse, dtype=np.float32,
+                                            delta_from_o=True, **opts)
     assert len(grads) == 3
     magnitude = max(_max_abs(r) for r in refs)
     for name, got, ref, base, like in zip(("dq", "dk", "dv"), grads, refs, bases, (q, k, v)):
         assert got.shape == like.shape, f"{name}: shape {got.shape}, want {like.shape}"
         assert got.flags.c_contiguous
         assert_close_to_reference(got, ref, base, factor=GRADIENT_FACTOR, backend=backend, name=name,
-                                  magnitude=magnitude)
+                                  magnitude=magnitude, dtype=q.dtype)
     return grads
 
 

@@ -15,15 +15,15 @@ from helpers import GRID, Case, check_forward, inputs
 
 
 @pytest.mark.parametrize("case", GRID, ids=lambda c: c.id)
-def test_forward_matches_reference(backend, case):
-    q, k, v, _ = inputs(case)
+def test_forward_matches_reference(backend, case, dtype):
+    q, k, v, _ = inputs(case, dtype=dtype)
     check_forward(backend, case, q, k, v)
 
 
 @pytest.mark.parametrize("scale", [0.0, -0.3, 0.01, 0.5, 1.0])
-def test_explicit_scale(backend, scale):
+def test_explicit_scale(backend, scale, dtype):
     case = Case(2, 17, 23, 4, 2, 40, causal=True)
-    q, k, v, _ = inputs(case, seed=1)
+    q, k, v, _ = inputs(case, seed=1, dtype=dtype)
     check_forward(backend, case, q, k, v, scale=scale)
 
 

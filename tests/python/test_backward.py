@@ -13,15 +13,15 @@ from helpers import GRID, Case, check_backward, inputs
 
 
 @pytest.mark.parametrize("case", GRID, ids=lambda c: c.id)
-def test_backward_matches_reference(backend, case):
-    q, k, v, do = inputs(case)
+def test_backward_matches_reference(backend, case, dtype):
+    q, k, v, do = inputs(case, dtype=dtype)
     check_backward(backend, case, q, k, v, do)
 
 
 @pytest.mark.parametrize("scale", [0.0, -0.3, 0.5])
-def test_backward_explicit_scale(backend, scale):
+def test_backward_explicit_scale(backend, scale, dtype):
     case = Case(2, 17, 23, 4, 2, 40, causal=True)
-    q, k, v, do = inputs(case, seed=1)
+    q, k, v, do = inputs(case, seed=1, dtype=dtype)
     check_backward(backend, case, q, k, v, do, scale=scale)
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import flashattn as fa
 from helpers import (FORWARD_FACTOR, GRADIENT_FACTOR, Case, assert_close_to_reference,
-                     check_backward, check_forward, inputs)
+                     check_backward, check_forward, half_ulp, inputs)
 
 
 def _reference(q, k, v, do=None, **opts):
@@ -21,13 +21,15 @@ def _reference(q, k, v, do=None, **opts):
         if do is None:
             return o64, lse64, o32, lse32
         g64 = fa.reference.attention_backward(do, q, k, v, **opts)
-        g32 = fa.reference.attention_backward(do, q, k, v, dtype=np.float32, **opts)
+        # The plain pipeline: its own o, rounded to q's dtype, gives delta.
+        g32 = fa.reference.attention_backward(do, q, k, v, o32.astype(q.dtype), dtype=np.float32,
+                                              delta_from_o=True, **opts)
     return o64, lse64, o32, lse32, g64, g32
 
 
 # ---------------------------------------------------------------- huge scores
 
-def _huge_scores(sign, seed=30):
+def _huge_scores(sign, dtype, seed=30):
     """q.k / sqrt(D) = sign * 1e5 + O(1): every score is huge, their
     differences are ordinary, so the softmax is far from one-hot."""
     B, Tq, Tk, H, D = 1, 37, 45, 2, 64
@@ -38,41 +40,42 @@ def _huge_scores(sign, seed=30):
     k = c * u + rng.standard_normal((B, Tk, H, D)) * 0.02
     v = rng.standard_normal((B, Tk, H, D))
     do = rng.standard_normal((B, Tq, H, D))
-    return tuple(x.astype(np.float32) for x in (q, k, v, do)), Case(B, Tq, Tk, H, H, D, causal=True)
+    return tuple(x.astype(dtype) for x in (q, k, v, do)), Case(B, Tq, Tk, H, H, D, causal=True)
 
 
 @pytest.mark.parametrize("sign", [1, -1])
-def test_huge_scores_stay_finite_and_accurate(backend, sign):
+def test_huge_scores_stay_finite_and_accurate(backend, sign, dtype):
     """Here the error is dominated by the rounding of each score (one ulp of
     1e5 is 0.008), and so by the order of the 64-term dot product: NumPy's
     einsum sums with several partial sums, a sequential sum rounds more. The
     rule is applied with its factors doubled (4 for o, lse; 6 for gradients)."""
-    (q, k, v, do), case = _huge_scores(sign)
+    (q, k, v, do), case = _huge_scores(sign, dtype)
     _, lse64, *_ = _reference(q, k, v, **case.opts())
     assert 0.9e5 < abs(lse64).min() and abs(lse64).max() < 1.1e5
     o, lse = fa.attention(q, k, v, return_lse=True, backend=backend, **case.opts())
     assert np.isfinite(o).all() and np.isfinite(lse).all()
     o64, lse64, o32, lse32, g64, g32 = _reference(q, k, v, do, **case.opts())
-    assert_close_to_reference(o, o64, o32, factor=2 * FORWARD_FACTOR, backend=backend, name="o")
+    assert_close_to_reference(o, o64, o32, factor=2 * FORWARD_FACTOR, backend=backend, name="o",
+                              dtype=dtype)
     assert_close_to_reference(lse, lse64, lse32, factor=2 * FORWARD_FACTOR, backend=backend,
-                              name="lse")
+                              name="lse", dtype=dtype, out_dtype=np.float32)
     grads = fa.attention_backward(do, q, k, v, o, lse, backend=backend, **case.opts())
     magnitude = max(np.abs(g).max() for g in g64)
     for name, got, ref, base in zip(("dq", "dk", "dv"), grads, g64, g32):
         assert np.isfinite(got).all()
         assert_close_to_reference(got, ref, base, factor=2 * GRADIENT_FACTOR, backend=backend,
-                                  name=name, magnitude=magnitude)
+                                  name=name, magnitude=magnitude, dtype=dtype)
 
 
-def test_scores_with_huge_range(backend):
+def test_scores_with_huge_range(backend, dtype):
     """Scores from about -1e5 to 1e5 within a row: the softmax is one-hot to
     float precision; exp underflows for most keys and must not produce NaN.
     dq is then a difference of nearly equal terms, dP - rowsum(dO * O), each
     of size scale * |k| * |dP|: that sets its floor."""
     case = Case(2, 31, 40, 4, 2, 16, window=(20, 5))
-    q, k, v, do = inputs(case, seed=31)
-    q *= 200.0
-    k *= 200.0
+    q, k, v, do = inputs(case, seed=31, dtype=dtype)
+    q *= dtype.type(200.0)
+    k *= dtype.type(200.0)
     check_forward(backend, case, q, k, v)
     o, lse = fa.attention(q, k, v, return_lse=True, backend=backend, **case.opts())
     grads = fa.attention_backward(do, q, k, v, o, lse, backend=backend, **case.opts())
@@ -83,7 +86,7 @@ def test_scores_with_huge_range(backend):
     for name, got, ref, base in zip(("dq", "dk", "dv"), grads, g64, g32):
         assert np.isfinite(got).all()
         assert_close_to_reference(got, ref, base, factor=GRADIENT_FACTOR, backend=backend,
-                                  name=name, magnitude=magnitude)
+                                  name=name, magnitude=magnitude, dtype=dtype)
 
 
 # --------------------------------------------------------- NaN and inf inputs
@@ -91,11 +94,13 @@ def test_scores_with_huge_range(backend):
 CASE = Case(1, 20, 24, 4, 2, 32, causal=True, window=(9, 0))
 
 
-def _assert_rows(backend, name, got, ref64, base32, clean, factor):
-    """Outside `clean` anything goes; inside, finite and by the rule."""
+def _assert_rows(backend, name, got, ref64, base32, clean, factor, dtype=np.float32):
+    """Outside `clean` anything goes; inside, finite and by the rule for
+    inputs of ``dtype`` (o and the gradients in it, lse float32)."""
     assert np.isfinite(got[clean]).all(), f"{name}: non-finite values leaked into untouched rows"
     assert_close_to_reference(got[clean], ref64[clean], base32[clean], factor=factor,
-                              backend=backend, name=name)
+                              backend=backend, name=name, dtype=dtype,
+                              out_dtype=np.float32 if name == "lse" else dtype)
 
 
 def _row_mask_o(case, rows):
@@ -106,9 +111,9 @@ def _row_mask_o(case, rows):
     return m
 
 
-def test_nan_in_a_query_row_stays_in_that_row(backend):
+def test_nan_in_a_query_row_stays_in_that_row(backend, dtype):
     case = CASE
-    q, k, v, do = inputs(case, seed=32)
+    q, k, v, do = inputs(case, seed=32, dtype=dtype)
     b, i, h, d = 0, 13, 1, 5
     q_nan = q.copy()
     q_nan[b, i, h, d] = np.nan
@@ -116,10 +121,10 @@ def test_nan_in_a_query_row_stays_in_that_row(backend):
     assert np.isnan(o[b, i, h]).all() and np.isnan(lse[b, h, i])
     touched = _row_mask_o(case, [(b, i, h)])
     o64, lse64, o32, lse32 = _reference(q, k, v, **case.opts())  # the clean answer
-    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR)
+    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR, dtype)
     lse_clean = np.ones(lse.shape, bool)
     lse_clean[b, h, i] = False
-    _assert_rows(backend, "lse", lse, lse64, lse32, lse_clean, FORWARD_FACTOR)
+    _assert_rows(backend, "lse", lse, lse64, lse32, lse_clean, FORWARD_FACTOR, dtype)
 
     # Backward: dq of that row is NaN; dk, dv are NaN at most for the keys
     # the row sees (in its kv head); everything else is the clean gradient of
@@ -134,7 +139,7 @@ def test_nan_in_a_query_row_stays_in_that_row(backend):
     kv_touched[b, seen, h // (case.H // case.Hkv)] = True
     for name, got, ref, base, clean in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, g32,
                                            (~touched, ~kv_touched, ~kv_touched)):
-        _assert_rows(backend, name, got, ref, base, clean, GRADIENT_FACTOR)
+        _assert_rows(backend, name, got, ref, base, clean, GRADIENT_FACTOR, dtype)
 
 
 def _rows_seeing(case, b, j, hkv):
@@ -144,9 +149,9 @@ def _rows_seeing(case, b, j, hkv):
     return [(b, i, h) for i in np.flatnonzero(seen) for h in range(hkv * group, (hkv + 1) * group)]
 
 
-def test_nan_in_a_key_reaches_only_the_rows_that_see_it(backend):
+def test_nan_in_a_key_reaches_only_the_rows_that_see_it(backend, dtype):
     case = CASE
-    q, k, v, _ = inputs(case, seed=33)
+    q, k, v, _ = inputs(case, seed=33, dtype=dtype)
     b, j, hkv, d = 0, 12, 1, 3
     k_nan = k.copy()
     k_nan[b, j, hkv, d] = np.nan
@@ -156,12 +161,12 @@ def test_nan_in_a_key_reaches_only_the_rows_that_see_it(backend):
     touched = _row_mask_o(case, rows)
     assert np.isnan(o[touched]).all()
     o64, lse64, o32, lse32 = _reference(q, k, v, **case.opts())
-    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR)
+    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR, dtype)
 
 
-def test_nan_in_a_value_reaches_only_the_rows_that_see_it(backend):
+def test_nan_in_a_value_reaches_only_the_rows_that_see_it(backend, dtype):
     case = CASE
-    q, k, v, _ = inputs(case, seed=34)
+    q, k, v, _ = inputs(case, seed=34, dtype=dtype)
     b, j, hkv, d = 0, 20, 0, 7
     v_nan = v.copy()
     v_nan[b, j, hkv, d] = np.nan
@@ -172,7 +177,7 @@ def test_nan_in_a_value_reaches_only_the_rows_that_see_it(backend):
         touched[r][d] = True  # only column d: o[..., d'] never reads v[..., d]
     assert np.isnan(o[touched]).all()
     o64, _, o32, _ = _reference(q, k, v, **case.opts())
-    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR)
+    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR, dtype)
 
 
 def _ieee_row(q, k, v, case, b, i, h):
@@ -193,13 +198,13 @@ def _ieee_row(q, k, v, case, b, i, h):
 
 @pytest.mark.parametrize("where", ["q", "k", "v"])
 @pytest.mark.parametrize("value", [np.inf, -np.inf])
-def test_inf_follows_ieee_in_the_rows_it_touches(backend, where, value):
+def test_inf_follows_ieee_in_the_rows_it_touches(backend, where, value, dtype):
     """Rows that do not touch the inf get the clean answer; rows that do are
     non-finite exactly where the IEEE evaluation of that row is (inf and NaN
     alike: the order of operations may turn one into the other), and match
     it elsewhere."""
     case = CASE
-    q, k, v, _ = inputs(case, seed=35)
+    q, k, v, _ = inputs(case, seed=35, dtype=dtype)
     arrays = dict(q=q.copy(), k=k.copy(), v=v.copy())
     b, t, hh, d = {"q": (0, 13, 1, 5), "k": (0, 12, 1, 3), "v": (0, 20, 0, 7)}[where]
     arrays[where][b, t, hh, d] = value
@@ -221,11 +226,11 @@ def test_inf_follows_ieee_in_the_rows_it_touches(backend, where, value):
                           **case.opts())
     o64, lse64, o32, lse32 = _reference(q, k, v, **case.opts())  # the clean answer
     touched = _row_mask_o(case, rows)
-    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR)
+    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR, dtype)
     lse_clean = np.ones(lse.shape, bool)
     for rb, ri, rh in rows:
         lse_clean[rb, rh, ri] = False
-    _assert_rows(backend, "lse", lse, lse64, lse32, lse_clean, FORWARD_FACTOR)
+    _assert_rows(backend, "lse", lse, lse64, lse32, lse_clean, FORWARD_FACTOR, dtype)
     for r in rows:
         o_row, lse_row = _ieee_row(arrays["q"], arrays["k"], arrays["v"], case, *r)
         got_o, got_lse = o[r], lse[r[0], r[2], r[1]]
@@ -233,7 +238,9 @@ def test_inf_follows_ieee_in_the_rows_it_touches(backend, where, value):
                                       err_msg=f"row {r}: non-finite o in the wrong places")
         assert np.isfinite(got_lse) == np.isfinite(lse_row), f"row {r}: lse {got_lse}, IEEE {lse_row}"
         fin = np.isfinite(o_row)
-        np.testing.assert_allclose(got_o[fin], o_row[fin], rtol=1e-4, atol=1e-5)
+        rounding = 2 * half_ulp(dtype)  # o is rounded to the dtype once
+        np.testing.assert_allclose(got_o[fin].astype(np.float64), o_row[fin],
+                                   rtol=1e-4 + rounding, atol=1e-5 + rounding)
         if np.isfinite(lse_row):
             np.testing.assert_allclose(got_lse, lse_row, rtol=1e-5)
 
@@ -248,8 +255,8 @@ MASKED = [
 
 
 @pytest.mark.parametrize("case", MASKED, ids=lambda c: c.id)
-def test_rows_that_see_no_key(backend, case):
-    q, k, v, do = inputs(case, seed=36)
+def test_rows_that_see_no_key(backend, case, dtype):
+    q, k, v, do = inputs(case, seed=36, dtype=dtype)
     mask = fa.reference.visible_keys(case.Tq, case.Tk, **case.opts())
     empty_rows = ~mask.any(axis=1)
     o, lse = check_forward(backend, case, q, k, v)
@@ -266,7 +273,7 @@ def test_rows_that_see_no_key(backend, case):
 # ------------------------------------------- saturated softmax, backward
 
 @pytest.mark.parametrize("D", [96, 256])
-def test_saturated_softmax_rows_have_zero_gradient(backend, D):
+def test_saturated_softmax_rows_have_zero_gradient(backend, D, dtype):
     """q, k ~ 30 N(0, 1), scale 30: scores differ by ~1e4 within a row, so
     every row is one-hot to float precision and dq, dk are exactly 0 in
     float32 (the float64 reference gives ~1e-63). dS = P (dP - delta) is
@@ -274,10 +281,10 @@ def test_saturated_softmax_rows_have_zero_gradient(backend, D):
     out bit for bit equal: the same products summed in the same order."""
     rng = np.random.default_rng(40)
     B, T, H = 1, 48, 2
-    q = (30 * rng.standard_normal((B, T, H, D))).astype(np.float32)
-    k = (30 * rng.standard_normal((B, T, H, D))).astype(np.float32)
-    v = rng.standard_normal((B, T, H, D)).astype(np.float32)
-    do = rng.standard_normal((B, T, H, D)).astype(np.float32)
+    q = (30 * rng.standard_normal((B, T, H, D))).astype(dtype)
+    k = (30 * rng.standard_normal((B, T, H, D))).astype(dtype)
+    v = rng.standard_normal((B, T, H, D)).astype(dtype)
+    do = rng.standard_normal((B, T, H, D)).astype(dtype)
     dq64, dk64, dv64 = fa.reference.attention_backward(do, q, k, v, scale=30.0)
     o, lse = fa.attention(q, k, v, scale=30.0, return_lse=True, backend=backend)
     dq, dk, dv = fa.attention_backward(do, q, k, v, o, lse, scale=30.0, backend=backend)
@@ -286,8 +293,10 @@ def test_saturated_softmax_rows_have_zero_gradient(backend, D):
         assert zero.mean() > 0.9, f"{name}: premise: most rows saturated"
         worst = np.abs(got[zero]).max()
         assert worst <= 1e-30, f"max |{name}| = {worst:.3e} where the exact gradient is 0"
-        np.testing.assert_allclose(got, ref, rtol=0, atol=1e-6, err_msg=name)
-    np.testing.assert_allclose(dv, dv64, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(got.astype(np.float64), ref, rtol=0, atol=1e-6, err_msg=name)
+    rounding = 2 * half_ulp(dtype)  # dv is rounded to the dtype once
+    np.testing.assert_allclose(dv.astype(np.float64), dv64, rtol=1e-5 + rounding,
+                               atol=1e-5 + rounding)
 
 
 # ------------------------------------------------- scores near float32's max
@@ -345,16 +354,16 @@ def test_scores_that_overflow_give_nan_rows_on_every_engine(backend):
 
 # ------------------------------------------- rows whose every score is -inf
 
-def test_row_whose_every_score_is_minus_inf_sees_no_key(backend):
+def test_row_whose_every_score_is_minus_inf_sees_no_key(backend, dtype):
     """q[b, i, h, d] = -inf facing k[..., d] > 0 for every key: every score
     of the row is -inf, every key drops out, and the row is one that sees no
     key: o = 0, lse = -inf, dq = 0, nothing added to dv. dk of the keys it
     sees multiply its zero dS by q[..., d] = -inf: column d there is IEEE's
     (NaN); the rest of dk is the clean answer."""
     case = Case(1, 10, 12, 2, 1, 16, causal=True)
-    q, k, v, do = inputs(case, seed=44)
+    q, k, v, do = inputs(case, seed=44, dtype=dtype)
     b, i, h, d = 0, 6, 1, 3
-    k[..., d] = np.abs(k[..., d]) + 0.1
+    k[..., d] = np.abs(k[..., d]) + dtype.type(0.1)
     q_inf = q.copy()
     q_inf[b, i, h, d] = -np.inf
     o, lse = fa.attention(q_inf, k, v, return_lse=True, backend=backend, **case.opts())
@@ -362,7 +371,7 @@ def test_row_whose_every_score_is_minus_inf_sees_no_key(backend):
     assert np.isneginf(lse[b, h, i])
     touched = _row_mask_o(case, [(b, i, h)])
     o64, lse64, o32, lse32 = _reference(q, k, v, **case.opts())
-    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR)
+    _assert_rows(backend, "o", o, o64, o32, ~touched, FORWARD_FACTOR, dtype)
 
     dq, dk, dv = fa.attention_backward(do, q_inf, k, v, o, lse, backend=backend, **case.opts())
     assert np.all(dq[b, i, h] == 0), f"dq of the row: {dq[b, i, h]}"
@@ -374,4 +383,4 @@ def test_row_whose_every_score_is_minus_inf_sees_no_key(backend):
     dk_touched[b, seen, h // (case.H // case.Hkv), d] = True
     clean_of = {"dq": ~touched, "dk": ~dk_touched, "dv": np.ones(v.shape, bool)}
     for name, got, ref, base in zip(("dq", "dk", "dv"), (dq, dk, dv), g64, g32):
-        _assert_rows(backend, name, got, ref, base, clean_of[name], GRADIENT_FACTOR)
+        _assert_rows(backend, name, got, ref, base, clean_of[name], GRADIENT_FACTOR, dtype)

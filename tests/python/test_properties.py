@@ -1,5 +1,5 @@
-"""Property-based: random shapes, options, scales and memory layouts, every
-engine against the float64 reference by the same rule as the grid
+"""Property-based: random shapes, options, scales and memory layouts, in
+every dtype, every engine against the float64 reference by the same rule as the grid
 (hypothesis, bounded and derandomised so that CI sees the same examples)."""
 
 from __future__ import annotations
@@ -24,17 +24,17 @@ def layout(x: np.ndarray, how: str, rng: np.random.Generator) -> np.ndarray:
     if how == "heads-major":
         return np.ascontiguousarray(x.transpose(0, 2, 1, 3)).transpose(0, 2, 1, 3)
     if how == "padded":
-        big = rng.standard_normal(tuple(n + 2 for n in x.shape)).astype(np.float32)
+        big = rng.standard_normal(tuple(n + 2 for n in x.shape)).astype(x.dtype)
         big[1:-1, 1:-1, 1:-1, 1:-1] = x
         return big[1:-1, 1:-1, 1:-1, 1:-1]
     if how == "reversed-time":
         return np.ascontiguousarray(x[:, ::-1])[:, ::-1]
     if how == "strided-last-axis":
-        wide = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), np.float32)
+        wide = np.zeros(x.shape[:-1] + (2 * x.shape[-1],), x.dtype)
         wide[..., ::2] = x
         return wide[..., ::2]
     if how == "packed":  # one of three arrays packed along a new axis 2
-        packed = rng.standard_normal(x.shape[:2] + (3,) + x.shape[2:]).astype(np.float32)
+        packed = rng.standard_normal(x.shape[:2] + (3,) + x.shape[2:]).astype(x.dtype)
         packed[:, :, 1] = x
         return packed[:, :, 1]
     raise ValueError(how)
@@ -62,11 +62,12 @@ def calls(draw):
     return case, scale, layouts, seed
 
 
-def arrays(case: Case, layouts, seed):
+def arrays(case: Case, layouts, seed, dtype):
+    """q, k, v, do of ``dtype``, each in its layout."""
     rng = np.random.default_rng(seed)
     shapes = [(case.B, case.Tq, case.H, case.D), (case.B, case.Tk, case.Hkv, case.D),
               (case.B, case.Tk, case.Hkv, case.D), (case.B, case.Tq, case.H, case.D)]
-    return [layout(rng.standard_normal(s, dtype=np.float32), how, rng)
+    return [layout(rng.standard_normal(s, dtype=np.float32).astype(dtype), how, rng)
             for s, how in zip(shapes, layouts)]
 
 
@@ -75,15 +76,15 @@ PROPERTY = settings(max_examples=50, deadline=None, derandomize=True, database=N
 
 @PROPERTY
 @given(call=calls())
-def test_forward_property(backend, call):
+def test_forward_property(backend, dtype, call):
     case, scale, layouts, seed = call
-    q, k, v, _ = arrays(case, layouts, seed)
+    q, k, v, _ = arrays(case, layouts, seed, dtype)
     check_forward(backend, case, q, k, v, scale=scale)
 
 
 @PROPERTY
 @given(call=calls())
-def test_backward_property(backend, call):
+def test_backward_property(backend, dtype, call):
     case, scale, layouts, seed = call
-    q, k, v, do = arrays(case, layouts, seed)
+    q, k, v, do = arrays(case, layouts, seed, dtype)
     check_backward(backend, case, q, k, v, do, scale=scale)
