@@ -137,8 +137,8 @@ kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
             FA_UNROLL
             for (int d8 = 0; d8 < HD / 8; ++d8) {
                 fa_frag kt, vt;
-                fa_load_tile(kt, Ks + k8 * 8 * LD + d8 * 8, LD, true, at);
-                fa_load_tile(vt, Vs + k8 * 8 * LD + d8 * 8, LD, true, at);
+                fa_load_tile(kt, Ks + k8 * 8 * LD + d8 * 8, LD, true, lane);
+                fa_load_tile(vt, Vs + k8 * 8 * LD + d8 * 8, LD, true, lane);
                 simdgroup_multiply_accumulate(S[k8], Q.frag(d8), kt, S[k8]);
                 simdgroup_multiply_accumulate(dP[k8], G.frag(d8), vt, dP[k8]);
             }
@@ -163,7 +163,7 @@ kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
             FA_UNROLL
             for (int k8 = 0; k8 < BK / 8; ++k8) {
                 fa_frag kf;
-                fa_load_tile(kf, Ks + k8 * 8 * LD + c0 + d8 * 8, LD, false, at);
+                fa_load_tile(kf, Ks + k8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
                 simdgroup_multiply_accumulate(dQ[d8], S[k8], kf, dQ[d8]);
             }
         }
@@ -276,9 +276,9 @@ kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
                 FA_UNROLL
                 for (int d8 = 0; d8 < HD / 8; ++d8) {
                     fa_frag qt, gt;
-                    fa_load_tile(qt, Qs + i8 * 8 * LD + d8 * 8, LD, true, at);
+                    fa_load_tile(qt, Qs + i8 * 8 * LD + d8 * 8, LD, true, lane);
                     fa_scale_frag(qt, q_frag_scale);
-                    fa_load_tile(gt, Gs + i8 * 8 * LD + d8 * 8, LD, true, at);
+                    fa_load_tile(gt, Gs + i8 * 8 * LD + d8 * 8, LD, true, lane);
                     simdgroup_multiply_accumulate(St[i8], K.frag(d8), qt, St[i8]);
                     simdgroup_multiply_accumulate(dPt[i8], V.frag(d8), gt, dPt[i8]);
                 }
@@ -310,8 +310,8 @@ kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
                 FA_UNROLL
                 for (int i8 = 0; i8 < BQ / 8; ++i8) {
                     fa_frag gf, qf;
-                    fa_load_tile(gf, Gs + i8 * 8 * LD + c0 + d8 * 8, LD, false, at);
-                    fa_load_tile(qf, Qs + i8 * 8 * LD + c0 + d8 * 8, LD, false, at);
+                    fa_load_tile(gf, Gs + i8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
+                    fa_load_tile(qf, Qs + i8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
                     fa_scale_frag(qf, q_frag_scale);
                     simdgroup_multiply_accumulate(dV[d8], St[i8], gf, dV[d8]);
                     simdgroup_multiply_accumulate(dK[d8], dPt[i8], qf, dK[d8]);

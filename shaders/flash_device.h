@@ -123,20 +123,28 @@ FA_INLINE float4 fa_load4(device const bfloat* p) {
 // A fragment of a staged tile: element (r, c) is src[r * ld + c], or with
 // `transpose` src[c * ld + r], as float. A float tile is one simdgroup_load;
 // a 16-bit tile is read by each lane at its two elements (Apple's layout,
-// fa_lane) and widened, as MLX's steel kernels load theirs: MSL's
+// as fa_lane) and widened, as MLX's steel kernels load theirs: MSL's
 // simdgroup_load moves no type into another, and needs no bfloat matrices.
-FA_ALWAYS_INLINE void fa_load_tile(thread fa_frag& f, threadgroup const float* src, int ld, bool transpose,
-                                   FaLane at) {
-    (void)at;
+// The lane's place is recomputed from `lane` (as simdgroup_load does), not
+// taken from a FaLane kept live: on the gate's proxies that keeps the dQ
+// and dK/dV kernels' registers as the float32 ones (hd64: 128 + spills
+// otherwise, 117 / 127 so).
+FA_ALWAYS_INLINE void fa_load_tile(thread fa_frag& f, threadgroup const float* src, int ld,
+                                   bool transpose, uint lane) {
+    (void)lane;
     simdgroup_load(f, src, ulong(ld), ulong2(0, 0), transpose);
 }
 template <class T>
-FA_ALWAYS_INLINE void fa_load_tile(thread fa_frag& f, threadgroup const T* src, int ld, bool transpose,
-                                   FaLane at) {
-    const int first = transpose ? at.col * ld + at.row : at.row * ld + at.col;
-    const int second = transpose ? first + ld : first + 1;
-    f.thread_elements()[0] = float(src[first]);
-    f.thread_elements()[1] = float(src[second]);
+FA_ALWAYS_INLINE void fa_load_tile(thread fa_frag& f, threadgroup const T* src, int ld,
+                                   bool transpose, uint lane) {
+    const uint quad = lane / 4;
+    const uint row = (quad & 4) + (lane / 2) % 4, col = (quad & 2) * 2 + (lane % 2) * 2;
+    FA_UNROLL
+    for (uint i = 0; i < 2; ++i) {
+        const ulong r = transpose ? col + i : row;
+        const ulong c = transpose ? row : col + i;
+        f.thread_elements()[i] = float(src[r * ulong(ld) + c]);
+    }
 }
 
 // A fragment's lane elements times s (1 where the tile already holds the

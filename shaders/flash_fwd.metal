@@ -135,7 +135,7 @@ kernel void flash_fwd(device const T* q [[buffer(0)]],
             FA_UNROLL
             for (int d8 = 0; d8 < HD / 8; ++d8) {
                 fa_frag kt;
-                fa_load_tile(kt, Ks + k8 * 8 * LD + d8 * 8, LD, true, at);
+                fa_load_tile(kt, Ks + k8 * 8 * LD + d8 * 8, LD, true, lane);
                 simdgroup_multiply_accumulate(S[k8], Q.frag(d8), kt, S[k8]);
             }
         }
@@ -187,7 +187,7 @@ kernel void flash_fwd(device const T* q [[buffer(0)]],
             FA_UNROLL
             for (int k8 = 0; k8 < BK / 8; ++k8) {
                 fa_frag vf;
-                fa_load_tile(vf, Vs + k8 * 8 * LD + c0 + d8 * 8, LD, false, at);
+                fa_load_tile(vf, Vs + k8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
                 simdgroup_multiply_accumulate(O[d8], S[k8], vf, O[d8]);
             }
         }
