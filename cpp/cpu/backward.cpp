@@ -15,8 +15,11 @@
 // where it is used: O(BQ * D) copies against O(BQ * BK * D) products. Beyond
 // inputs and outputs, a call holds one float per query row, per-thread
 // tiles and the partials, which a budget bounds (except that a head size
-// that is not a multiple of the vector width sends even the first chunk to
-// a partial, as large as dq at most): memory is O(T), never O(T^2).
+// that is not a multiple of the vector width, or a float16 / bfloat16 call,
+// whose dq is rounded once from float32 sums, sends even the first chunk to
+// a float32 partial, as large as dq at most): memory is O(T), never O(T^2).
+// Half inputs are converted to float32 as each tile gathers them
+// (cpu/convert.h); outputs are rounded to the dtype once, as they are stored.
 //
 // The scores are recomputed bit for bit as the forward made them (the same
 // products, scale * q times k, summed in the same order), so P rows sum to

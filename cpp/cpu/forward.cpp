@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstring>
 #include <type_traits>
+#include <vector>
 
 #include "cpu/isa_begin.h"  // opens the per-ISA region
 #include "cpu/kernels.h"
@@ -145,85 +146,71 @@ struct TileOutput {
 // One tile: rows [R0, R0 + nq) of the query heads head0 .. head0 + g - 1
 // of batch b, packed (tiles.h: row R is position R / g of head
 // head0 + R % g; g = p.group packs a kv head's whole group, g = 1 is one
-// head's rows), against the keys of `keys`; those outside a row's band are
-// masked. Score options need g = 1 (their values are per head). The head's
-// sink, if any, is counted where with_sink says (one split-KV part only).
-// T is the inputs' element type: float32 rows are read in place, float16
-// and bfloat16 ones converted a key block at a time into float32 tiles.
+// head's rows), as it walks key blocks: its scaled queries, running max,
+// sum and output live in `state` (state_floats of it), so one task may carry
+// several tiles through the same keys (decoding, below). Keys outside a
+// row's band are masked. Score options need g = 1 (their values are per
+// head). The head's sink, if any, is counted where with_sink says (one
+// split-KV part only). T is the inputs' element type: float32 rows are read
+// in place, float16 and bfloat16 ones converted a key block at a time into
+// float32 tiles.
 template <class T>
-void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t head0, int g,
-                   int64_t R0, int nq, int BQ, Range keys, const TileOutput& out,
-                   bool with_sink) {
-    constexpr bool in_place = std::is_same_v<T, float>;
-    const int D = p.D;
-    const int Dp = int(round_up(D, W));
-    const int64_t hk = head0 / p.group;
-    const int64_t h = head0, i0 = R0;  // the head and first row, where g == 1 (score options)
-    const T* k0 = static_cast<const T*>(io.k) + b * p.k.b + hk * p.k.h;
-    const T* v0 = static_cast<const T*>(io.v) + b * p.v.b + hk * p.v.h;
-    const T* q0 = static_cast<const T*>(io.q) + b * p.q.b;
-    float* Kc = in_place ? nullptr : scratch(size_t(kBlockK) * D, 11);  // a converted K block
-
-    float* Qt = scratch(size_t(D) * BQ, 0);         // D x BQ, scaled
-    float* Vp = scratch(size_t(kBlockK) * Dp, 1);   // keys x Dp, zero-padded
-    float* ST = scratch(size_t(kBlockK) * BQ, 2);   // keys x queries
-    float* O = scratch(size_t(BQ) * Dp, 3);
-    float* m = scratch(size_t(BQ), 4);
-    float* l = scratch(size_t(BQ), 5);
-    float* corr = scratch(size_t(BQ), 6);
-    float* colmax = scratch(size_t(BQ), 7);
-    float* colsum = scratch(size_t(BQ), 8);
-    bool have_max = false;  // every row has seen a key: m is finite
-    int lo[kBlockK], hi[kBlockK];
-    const ScoreMods mods = ScoreMods::of(p, io.score, b, h);
-    const bool masked = p.score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT);
-    float* bias = masked ? scratch(size_t(kBlockK) * BQ, 10) : nullptr;  // the mask, keys x queries
-
-    // Scores stay in natural units, scale * q times k (the backward
-    // recomputes them bit for bit), until m is subtracted: s - m is exact
-    // however large both are. Rows are first gathered whole (wide loads keep
-    // many cache misses in flight), then transposed from L1.
-    float* Qr = scratch(size_t(BQ) * D, 9);
-    for (int r = 0; r < nq; ++r) {
-        const int64_t R = R0 + r, t = R / g, h = head0 + R % g;
-        load_row(Qr + r * D, q0 + h * p.q.h + t * p.q.t, D);
+class TileState {
+public:
+    static size_t state_floats(const FlashParams& p, int BQ) {
+        return size_t(p.D) * BQ + size_t(BQ) * round_up(p.D, W) + 2 * size_t(BQ);
     }
-    for (int d = 0; d < D; ++d) {
-        for (int r = 0; r < nq; ++r) Qt[d * BQ + r] = Qr[r * D + d] * p.scale;
-        for (int r = nq; r < BQ; ++r) Qt[d * BQ + r] = 0.0f;
-    }
-    std::memset(O, 0, sizeof(float) * size_t(BQ) * Dp);
-    // A sink is one more logit, with a zero value: it starts the running
-    // max and sum (a sink of -inf, or none, starts them empty).
-    const float sink = io.score.sinks && with_sink ? io.score.sinks[h] : -simd::kInf;
-    for (int r = 0; r < BQ; ++r) m[r] = sink, l[r] = sink == -simd::kInf ? 0.0f : 1.0f;
-    for (int j = 0; j < kBlockK; ++j)
-        for (int d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
 
-    // Key blocks in order, except with ALiBi: its bias falls with the
-    // distance from the diagonal, so the blocks go from the one holding the
-    // first row's diagonal outwards (down, then up). The running max then
-    // starts near its final value and later blocks rarely exceed it by the
-    // headroom, which would make each of them a second pass.
-    const int64_t n_blocks = (keys.end - keys.begin + kBlockK - 1) / kBlockK;
-    const int64_t first = mods.alibi && n_blocks > 0
-                              ? std::clamp<int64_t>((i0 + p.Tk - p.Tq - keys.begin) / kBlockK, 0,
-                                                    n_blocks - 1)
-                              : 0;
-    for (int64_t n = 0; n < n_blocks; ++n) {
-        const int64_t kb = n <= first ? first - n : n;  // first, first - 1, ..., 0, first + 1, ...
-        const int64_t j0 = keys.begin + kb * kBlockK;
-        const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));
-        if (n + 1 < n_blocks && !mods.alibi) {  // the next block's K and V, while this one computes
-            const int64_t j1 = j0 + kBlockK;
-            const int next = int(std::min<int64_t>(kBlockK, keys.end - j1));
-            prefetch_rows(k0 + j1 * p.k.t, next, D, p.k.t);
-            prefetch_rows(v0 + j1 * p.v.t, next, D, p.v.t);
+    TileState(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t head0, int g,
+              int64_t R0, int nq, int BQ, bool with_sink, float* state)
+        : p_(p), io_(io), b_(b), head0_(head0), g_(g), R0_(R0), nq_(nq), BQ_(BQ),
+          Dp_(int(round_up(p.D, W))),
+          k0_(static_cast<const T*>(io.k) + b * p.k.b + head0 / p.group * p.k.h),
+          v0_(static_cast<const T*>(io.v) + b * p.v.b + head0 / p.group * p.v.h),
+          Qt_(state), O_(Qt_ + size_t(p.D) * BQ), m_(O_ + size_t(BQ) * Dp_), l_(m_ + BQ),
+          mods_(ScoreMods::of(p, io.score, b, head0)),
+          masked_(p.score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)),
+          sink_(io.score.sinks && with_sink ? io.score.sinks[head0] : -simd::kInf) {
+        const int D = p.D;
+        const T* q0 = static_cast<const T*>(io.q) + b * p.q.b;
+        // Scores stay in natural units, scale * q times k (the backward
+        // recomputes them bit for bit), until m is subtracted: s - m is exact
+        // however large both are. Rows are first gathered whole (wide loads
+        // keep many cache misses in flight), then transposed from L1.
+        float* Qr = scratch(size_t(BQ) * D, 9);
+        for (int r = 0; r < nq; ++r) {
+            const int64_t R = R0 + r, t = R / g, h = head0 + R % g;
+            load_row(Qr + r * D, q0 + h * p.q.h + t * p.q.t, D);
         }
-        if (masked && !mask_tile(p, io.score, b, h, i0, nq, j0, nk, true, bias, BQ, BQ))
-            continue;  // the mask hides every score of this block
-        const ModsEpilogue mod{mods.active ? &mods : nullptr, j0, i0, bias, BQ};
-        const bool full = block_inside_band(p, R0, R0 + nq, j0, j0 + nk, g);
+        for (int d = 0; d < D; ++d) {
+            for (int r = 0; r < nq; ++r) Qt_[d * BQ + r] = Qr[r * D + d] * p.scale;
+            for (int r = nq; r < BQ; ++r) Qt_[d * BQ + r] = 0.0f;
+        }
+        std::memset(O_, 0, sizeof(float) * size_t(BQ) * Dp_);
+        // A sink is one more logit, with a zero value: it starts the running
+        // max and sum (a sink of -inf, or none, starts them empty).
+        for (int r = 0; r < BQ; ++r) m_[r] = sink_, l_[r] = sink_ == -simd::kInf ? 0.0f : 1.0f;
+    }
+
+    bool alibi() const { return mods_.alibi; }
+
+    // Folds keys [j0, j0 + nk) into the state.
+    void step(int64_t j0, int nk) {
+        constexpr bool in_place = std::is_same_v<T, float>;
+        const int D = p_.D, Dp = Dp_, BQ = BQ_, nq = nq_, g = g_;
+        const int64_t R0 = R0_, i0 = R0_;  // i0: the first row, where g == 1 (score options)
+        float* Vp = scratch(size_t(kBlockK) * Dp, 1);  // keys x Dp, zero-padded
+        float* ST = scratch(size_t(kBlockK) * BQ, 2);  // keys x queries
+        float* corr = scratch(size_t(BQ), 6);
+        float* colmax = scratch(size_t(BQ), 7);
+        float* colsum = scratch(size_t(BQ), 8);
+        float* bias = masked_ ? scratch(size_t(kBlockK) * BQ, 10) : nullptr;  // the mask tile
+        int lo[kBlockK], hi[kBlockK];
+        if (masked_ &&
+            !mask_tile(p_, io_.score, b_, head0_, i0, nq, j0, nk, true, bias, BQ, BQ))
+            return;  // the mask hides every score of this block
+        const ModsEpilogue mod{mods_.active ? &mods_ : nullptr, j0, i0, bias, BQ};
+        const bool full = block_inside_band(p_, R0, R0 + nq, j0, j0 + nk, g);
         // Float32 V rows serve as the B operand in place when they need no
         // padding, and K rows as the broadcast operand; half ones are
         // converted into tiles first (nk x D each, against the block's
@@ -233,69 +220,130 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
         const float* Kb;
         int64_t ldk;
         if constexpr (in_place) {
-            Vb = v0 + j0 * p.v.t, ldv = p.v.t;
-            Kb = k0 + j0 * p.k.t, ldk = p.k.t;
+            Vb = v0_ + j0 * p_.v.t, ldv = p_.v.t;
+            Kb = k0_ + j0 * p_.k.t, ldk = p_.k.t;
         } else {
-            for (int j = 0; j < nk; ++j) load_row(Kc + j * D, k0 + (j0 + j) * p.k.t, D);
+            float* Kc = scratch(size_t(kBlockK) * D, 11);  // a converted K block
+            for (int j = 0; j < nk; ++j) load_row(Kc + j * D, k0_ + (j0 + j) * p_.k.t, D);
             Kb = Kc, ldk = D;
         }
         if (!in_place || D != Dp) {
-            for (int j = 0; j < nk; ++j) load_row(Vp + j * Dp, v0 + (j0 + j) * p.v.t, D);
+            for (int j = 0; j < nk; ++j) {
+                load_row(Vp + j * Dp, v0_ + (j0 + j) * p_.v.t, D);
+                for (int d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
+            }
             Vb = Vp, ldv = Dp;
         }
-        if (full && have_max) {
+        if (full && have_max_) {
             for (int col = 0; col < BQ; col += W) {
                 simd::store(colmax + col, splat(-simd::kInf));
                 simd::store(colsum + col, vf{});
             }
-            gemm<false>(nk, BQ, D, Kb, ldk, Qt, BQ, ST, BQ, nullptr, false,
-                        ScoreEpilogue{m, colmax, colsum, mod});
+            gemm<false>(nk, BQ, D, Kb, ldk, Qt_, BQ, ST, BQ, nullptr, false,
+                        ScoreEpilogue{m_, colmax, colsum, mod});
             bool stale = false;
-            for (int r = 0; r < nq; ++r) stale |= colmax[r] > m[r] + kHeadroom;
+            for (int r = 0; r < nq; ++r) stale |= colmax[r] > m_[r] + kHeadroom;
             if (!stale) {
                 for (int col = 0; col < BQ; col += W)
-                    simd::store(l + col, simd::load(l + col) + simd::load(colsum + col));
-                gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O, Dp, nullptr, true);
-                continue;
+                    simd::store(l_ + col, simd::load(l_ + col) + simd::load(colsum + col));
+                gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O_, Dp, nullptr, true);
+                return;
             }
         }
         // The two-pass step: S^T = K Q^T, then max, rescale and exponentials.
-        gemm<false>(nk, BQ, D, Kb, ldk, Qt, BQ, ST, BQ, nullptr, false, mod);
+        gemm<false>(nk, BQ, D, Kb, ldk, Qt_, BQ, ST, BQ, nullptr, false, mod);
         if (!full)
-            for (int j = 0; j < nk; ++j) key_columns(p, j0 + j, R0, nq, lo[j], hi[j], g);
-        online_softmax(ST, nk, BQ, full, lo, hi, m, l, corr);
+            for (int j = 0; j < nk; ++j) key_columns(p_, j0 + j, R0, nq, lo[j], hi[j], g);
+        online_softmax(ST, nk, BQ, full, lo, hi, m_, l_, corr);
         // O = O * corr + P V, with P = (S^T)^T. A masked P entry is 0, and 0
         // times an inf or NaN in V would reach a row that does not see it.
         if (full || all_finite(Vb, nk, D, ldv)) {
-            gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O, Dp, corr, true);
+            gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O_, Dp, corr, true);
         } else {
             int klo[kBlockQ], khi[kBlockQ];
-            for (int r = 0; r < nq; ++r) row_keys(p, R0 + r, j0, nk, klo[r], khi[r], g);
-            gemm_ranged<true>(nq, Dp, klo, khi, ST, BQ, Vb, ldv, O, Dp, corr, true);
+            for (int r = 0; r < nq; ++r) row_keys(p_, R0 + r, j0, nk, klo[r], khi[r], g);
+            gemm_ranged<true>(nq, Dp, klo, khi, ST, BQ, Vb, ldv, O_, Dp, corr, true);
         }
-        have_max = true;
-        for (int r = 0; r < nq; ++r) have_max &= m[r] != -simd::kInf;
+        have_max_ = true;
+        for (int r = 0; r < nq; ++r) have_max_ &= m_[r] != -simd::kInf;
+    }
+
+    // Asks for keys [j0, j0 + nk)'s K and V rows to come into cache.
+    void prefetch(int64_t j0, int nk) const {
+        prefetch_rows(k0_ + j0 * p_.k.t, nk, p_.D, p_.k.t);
+        prefetch_rows(v0_ + j0 * p_.v.t, nk, p_.D, p_.v.t);
     }
 
     // The call's o is rounded to T here, once; a split-KV part stays float32
     // until the merge.
-    for (int r = 0; r < nq; ++r) {
-        const int64_t R = R0 + r, t = R / g, h = head0 + R % g;
-        float* lse = out.o ? out.lse + r : io.lse + (b * p.H + h) * int64_t(p.Tq) + t;
-        // Geometry, and then l, decide: a NaN or +inf score makes l NaN, and
-        // that row's output must say so; l == 0 means every score it saw was
-        // -inf, so every key dropped out and it is a row that sees no key
-        // (or, for a split-KV part, no key of its range).
-        const bool seen = (row_sees_keys(p, R, g) || sink != -simd::kInf) && l[r] != 0.0f;
-        if (!seen) std::memset(O + r * Dp, 0, sizeof(float) * D);  // a row that sees no key (nor a sink)
-        const float inv = seen ? 1.0f / l[r] : 1.0f;
-        if (out.o)
-            store_row(out.o + r * D, O + r * Dp, D, inv);
-        else
-            store_row(static_cast<T*>(io.o) + b * p.o.b + h * p.o.h + t * p.o.t, O + r * Dp, D,
-                      inv);
-        *lse = seen ? m[r] + std::log(l[r]) : -simd::kInf;
+    void finish(const TileOutput& out) {
+        const int D = p_.D;
+        for (int r = 0; r < nq_; ++r) {
+            const int64_t R = R0_ + r, t = R / g_, h = head0_ + R % g_;
+            float* lse = out.o ? out.lse + r : io_.lse + (b_ * p_.H + h) * int64_t(p_.Tq) + t;
+            // Geometry, and then l, decide: a NaN or +inf score makes l NaN,
+            // and that row's output must say so; l == 0 means every score it
+            // saw was -inf, so every key dropped out and it is a row that sees
+            // no key (or, for a split-KV part, no key of its range).
+            const bool seen =
+                (row_sees_keys(p_, R, g_) || sink_ != -simd::kInf) && l_[r] != 0.0f;
+            if (!seen) std::memset(O_ + r * Dp_, 0, sizeof(float) * D);  // sees no key (nor a sink)
+            const float inv = seen ? 1.0f / l_[r] : 1.0f;
+            if (out.o)
+                store_row(out.o + r * D, O_ + r * Dp_, D, inv);
+            else
+                store_row(static_cast<T*>(io_.o) + b_ * p_.o.b + h * p_.o.h + t * p_.o.t,
+                          O_ + r * Dp_, D, inv);
+            *lse = seen ? m_[r] + std::log(l_[r]) : -simd::kInf;
+        }
     }
+
+private:
+    const FlashParams& p_;
+    const ForwardIO& io_;
+    const int64_t b_, head0_;
+    const int g_;
+    const int64_t R0_;
+    const int nq_, BQ_, Dp_;
+    const T* const k0_;
+    const T* const v0_;
+    float* const Qt_;  // D x BQ, scaled
+    float* const O_;   // BQ x Dp
+    float* const m_;
+    float* const l_;
+    const ScoreMods mods_;
+    const bool masked_;
+    const float sink_;
+    bool have_max_ = false;  // every row has seen a key: m is finite
+};
+
+// One tile against the keys of `keys`, written to out.
+template <class T>
+void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t head0, int g,
+                   int64_t R0, int nq, int BQ, Range keys, const TileOutput& out,
+                   bool with_sink) {
+    TileState<T> tile(p, io, b, head0, g, R0, nq, BQ, with_sink,
+                      scratch(TileState<T>::state_floats(p, BQ), 0));
+    // Key blocks in order, except with ALiBi: its bias falls with the
+    // distance from the diagonal, so the blocks go from the one holding the
+    // first row's diagonal outwards (down, then up). The running max then
+    // starts near its final value and later blocks rarely exceed it by the
+    // headroom, which would make each of them a second pass.
+    const int64_t n_blocks = (keys.end - keys.begin + kBlockK - 1) / kBlockK;
+    const int64_t first = tile.alibi() && n_blocks > 0
+                              ? std::clamp<int64_t>((R0 + p.Tk - p.Tq - keys.begin) / kBlockK, 0,
+                                                    n_blocks - 1)
+                              : 0;
+    for (int64_t n = 0; n < n_blocks; ++n) {
+        const int64_t kb = n <= first ? first - n : n;  // first, first - 1, ..., 0, first + 1, ...
+        const int64_t j0 = keys.begin + kb * kBlockK;
+        if (n + 1 < n_blocks && !tile.alibi()) {  // the next block, while this one computes
+            const int64_t j1 = j0 + kBlockK;
+            tile.prefetch(j1, int(std::min<int64_t>(kBlockK, keys.end - j1)));
+        }
+        tile.step(j0, int(std::min<int64_t>(kBlockK, keys.end - j0)));
+    }
+    tile.finish(out);
 }
 
 // Split-KV ("flash decoding"): a call with too few tiles to keep the cores
@@ -306,6 +354,7 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
 // the thread count, so neither do the results.
 constexpr int64_t kTargetTasks = 16;
 constexpr int64_t kSplitMinKeys = 512;
+constexpr size_t kDecodeStateBytes = 512 << 10;
 
 template <class T>
 void forward_call(const FlashParams& p, const ForwardIO& io) {
@@ -317,47 +366,81 @@ void forward_call(const FlashParams& p, const ForwardIO& io) {
     const int BQ = query_block(rows, W);
     const int64_t blocks = (rows + BQ - 1) / BQ;
     const int64_t tiles = units * blocks;
+    const int64_t per_batch = p.H / g;
+    const int64_t tiles_per_batch = per_batch * blocks;
+    // Decoding (all of a kv head's rows in one tile, its group packed): one
+    // task carries several kv heads' tiles through the keys together, key
+    // block by key block. A key's K (and V) rows of neighbouring heads sit
+    // side by side, so the task reads one long stream the hardware
+    // prefetchers follow, not 512-byte pieces a head stride apart (which
+    // left decoding at a fraction of the read bandwidth). Their states stay
+    // within kDecodeStateBytes, about a quarter of L2. (ALiBi tiles walk
+    // their keys in their own order: forward_block.)
+    const int64_t per_task =
+        blocks == 1 && g == p.group && !(p.score_mods & FA_SCORE_ALIBI)
+            ? std::clamp<int64_t>(int64_t(kDecodeStateBytes /
+                                          (sizeof(float) * TileState<T>::state_floats(p, BQ))),
+                                  1, per_batch)
+            : 1;
+    const int64_t tasks_per_batch = (tiles_per_batch + per_task - 1) / per_task;
+    const int64_t tasks = p.B * tasks_per_batch;
     const int64_t splits =
-        tiles >= kTargetTasks
+        tasks >= kTargetTasks
             ? 1
-            : std::max<int64_t>(1, std::min((kTargetTasks + tiles - 1) / tiles,
+            : std::max<int64_t>(1, std::min((kTargetTasks + tasks - 1) / tasks,
                                             int64_t(p.Tk) / kSplitMinKeys));
     struct Tile {
         int64_t b, head0, R0;
         int nq;
     };
-    // Consecutive tasks share a kv head, so its K and V stay in cache; within
+    // Consecutive tiles share a kv head, so its K and V stay in cache; within
     // a head the last query blocks (the most keys under a causal mask) come
     // first, so the tasks left at the end are small and threads finish together.
-    const int64_t per_batch = p.H / g;
     auto tile_of = [&](int64_t t) {
         const int64_t u = t / blocks, R0 = (blocks - 1 - t % blocks) * BQ;
         return Tile{u / per_batch, u % per_batch * g, R0, int(std::min<int64_t>(BQ, rows - R0))};
     };
-    if (splits == 1) {
-        parallel_for(tiles, [&](int64_t t) {
-            const Tile x = tile_of(t);
-            forward_block<T>(p, io, x.b, x.head0, g, x.R0, x.nq, BQ,
-                          keys_of_rows(p, x.R0, x.R0 + x.nq, g), TileOutput{}, true);
-        });
-        return;
-    }
-    const size_t parts = size_t(tiles * splits);
+    const size_t parts = splits == 1 ? 0 : size_t(tiles * splits);
     AlignedBuffer part_o(parts * BQ * p.D), part_lse(parts * BQ);
-    parallel_for(tiles * splits, [&](int64_t t) {
-        const Tile x = tile_of(t / splits);
-        const int64_t s = t % splits;
-        const Range band = keys_of_rows(p, x.R0, x.R0 + x.nq, g);
+    // Split s of a band of keys: chunks of whole key blocks.
+    auto part_keys = [&](Range band, int64_t s) {
         const int64_t chunk =
             round_up((std::max<int64_t>(band.end - band.begin, 0) + splits - 1) / splits, kBlockK);
         const int64_t begin = std::min(band.end, band.begin + s * chunk);
-        const Range keys{begin, std::min(band.end, begin + chunk)};
+        return Range{begin, std::min(band.end, begin + chunk)};
+    };
+    auto output_of = [&](int64_t t, int64_t s) {
+        return splits == 1 ? TileOutput{}
+                           : TileOutput{part_o.data() + size_t(t * splits + s) * BQ * p.D,
+                                        part_lse.data() + size_t(t * splits + s) * BQ};
+    };
+    parallel_for(tasks * splits, [&](int64_t task) {
+        const int64_t u = task / splits, s = task % splits, first = u % tasks_per_batch * per_task;
+        const int64_t t0 = u / tasks_per_batch * tiles_per_batch + first;
+        const int64_t n = std::min(per_task, tiles_per_batch - first);
+        const Tile x0 = tile_of(t0);
+        const Range keys = part_keys(keys_of_rows(p, x0.R0, x0.R0 + x0.nq, g), s);
         // A sink is one logit of the row, not of each part: the first part has it.
-        forward_block<T>(p, io, x.b, x.head0, g, x.R0, x.nq, BQ, keys,
-                      TileOutput{part_o.data() + size_t(t) * BQ * p.D,
-                                 part_lse.data() + size_t(t) * BQ},
-                      s == 0);
+        if (n == 1) {
+            forward_block<T>(p, io, x0.b, x0.head0, g, x0.R0, x0.nq, BQ, keys, output_of(t0, s),
+                             s == 0);
+            return;
+        }
+        const size_t floats = TileState<T>::state_floats(p, BQ);
+        float* state = scratch(size_t(n) * floats, 3);
+        std::vector<TileState<T>> heads;
+        heads.reserve(size_t(n));
+        for (int64_t i = 0; i < n; ++i) {
+            const Tile x = tile_of(t0 + i);
+            heads.emplace_back(p, io, x.b, x.head0, g, x.R0, x.nq, BQ, s == 0,
+                               state + size_t(i) * floats);
+        }
+        for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kBlockK)
+            for (TileState<T>& head : heads)
+                head.step(j0, int(std::min<int64_t>(kBlockK, keys.end - j0)));
+        for (int64_t i = 0; i < n; ++i) heads[size_t(i)].finish(output_of(t0 + i, s));
     });
+    if (splits == 1) return;
     parallel_for(tiles, [&](int64_t t) {
         const Tile x = tile_of(t);
         const float* o_parts = part_o.data() + size_t(t * splits) * BQ * p.D;

@@ -142,8 +142,8 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, softcap=0.0
     """Exact softmax attention, fused: memory O(B·H·T), never O(T²).
 
     Args:
-        q: (B, Tq, H, D) float32.
-        k, v: (B, Tk, Hkv, D) float32; H must be a multiple of Hkv, and query
+        q: (B, Tq, H, D) float32, float16 or ml_dtypes.bfloat16.
+        k, v: (B, Tk, Hkv, D) of q's dtype; H must be a multiple of Hkv, and query
             head h reads kv head h // (H // Hkv) (GQA; Hkv == 1 is MQA).
         causal: mask aligned bottom-right: query i sits at key position
             p = i + Tk - Tq and sees keys j <= p.
@@ -161,12 +161,15 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, softcap=0.0
         backend: an engine from backends(); default the first.
 
     Returns:
-        o, (B, Tq, H, D) float32, or (o, lse) with lse (B, H, Tq) float32
+        o, (B, Tq, H, D) in q's dtype, or (o, lse) with lse (B, H, Tq) float32
         (natural log). A row that sees no key gets o = 0 and lse = -inf
         (lse = its sink, with sinks).
 
     Inputs whose last axis is contiguous are read in place whatever their other
-    strides; other float32 layouts are copied once. Other dtypes raise TypeError.
+    strides; other layouts are copied once. Scores, softmax statistics and
+    accumulators are float32 in every dtype; o is rounded to q's dtype once.
+    Other dtypes (float64 too), or q, k, v of different dtypes, raise
+    TypeError: nothing is cast for you.
     """
     fn = "attention"
     q, k, v = (_input(fn, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
@@ -189,7 +192,8 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, window=(-1, -1), sc
     them tile by tile (FlashAttention-2), so memory stays O(B·H·T).
 
     Returns:
-        dq, dk, dv: float32, shaped like q, k, v, and dsinks (H,) when
+        dq, dk, dv: in q's dtype (do and o must have it too; lse is
+        float32), shaped like q, k, v, and dsinks (H,) float32 when
         ``sinks`` is given. Rows that saw no key contribute zero gradient.
     """
     fn = "attention_backward"
@@ -232,7 +236,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     (flash_attn_varlen_func's semantics).
 
     Args:
-        q: (total_q, H, D) float32; k, v: (total_k, Hkv, D) float32.
+        q: (total_q, H, D) float32, float16 or bfloat16; k, v: (total_k,
+            Hkv, D) of q's dtype.
         cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) prefix sums starting at
             0: sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q and
             cu_seqlens_k[b]:cu_seqlens_k[b + 1] of k and v.

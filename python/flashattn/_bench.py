@@ -94,22 +94,28 @@ def _seconds(fn):
 class Problem:
     """Inputs of one shape for both engines, and the four timed calls."""
 
-    def __init__(self, B, T, H, Hkv, D, causal, window=(-1, -1), torch=None):
+    def __init__(self, B, T, H, Hkv, D, causal, window=(-1, -1), torch=None, dtype="fp32"):
+        """dtype: 'fp32', 'fp16' or 'bf16', for both engines (the same values:
+        float32 normals rounded to the dtype, to nearest even, by each)."""
+        import ml_dtypes
+
         import flashattn as fa
 
         self.fa = fa
         self.causal, self.window = causal, window
         rng = np.random.default_rng(0)
-        self.q = rng.standard_normal((B, T, H, D), dtype=np.float32)
-        self.k = rng.standard_normal((B, T, Hkv, D), dtype=np.float32)
-        self.v = rng.standard_normal((B, T, Hkv, D), dtype=np.float32)
-        self.do = rng.standard_normal((B, T, H, D), dtype=np.float32)
+        ours = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}[dtype]
+        f32 = [rng.standard_normal(shape, dtype=np.float32)
+               for shape in ((B, T, H, D), (B, T, Hkv, D), (B, T, Hkv, D), (B, T, H, D))]
+        self.q, self.k, self.v, self.do = (x.astype(ours) for x in f32)
         self.torch = torch
         if torch is not None:
-            def t(x):
-                return torch.from_numpy(x).permute(0, 2, 1, 3).contiguous()
+            theirs = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
 
-            self.tq, self.tk, self.tv, self.tdo = t(self.q), t(self.k), t(self.v), t(self.do)
+            def t(x):
+                return torch.from_numpy(x).permute(0, 2, 1, 3).contiguous().to(theirs)
+
+            self.tq, self.tk, self.tv, self.tdo = (t(x) for x in f32)
             self.tqg = self.tq.clone().requires_grad_()
             self.tkg = self.tk.clone().requires_grad_()
             self.tvg = self.tv.clone().requires_grad_()
@@ -377,6 +383,10 @@ def main(argv=None) -> int:
         from . import _bench_metal  # the GPU engines' bench (metal against MLX)
 
         return _bench_metal.main(argv)
+    if any(a == "--dtype" or a.startswith("--dtype=") for a in argv):
+        from . import _bench_dtype  # float16 / bfloat16 against torch in the same dtype
+
+        return _bench_dtype.main(argv)
     parser = argparse.ArgumentParser(prog="python -m flashattn bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=positive_int, default=None,

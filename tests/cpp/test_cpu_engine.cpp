@@ -1,7 +1,9 @@
 // The cpu engine against a naive double-precision attention written here:
 // forward and backward over causal and windowed masks, Tq != Tk, GQA/MQA,
 // awkward head sizes, strided inputs and rows that see no key; plus
-// bit-for-bit determinism across runs, thread counts and concurrent callers.
+// bit-for-bit determinism across runs, thread counts and concurrent callers;
+// and float16 / bfloat16 inputs, whose results must be the float32 path's on
+// the same values, rounded once (the conversions of every ISA path).
 // On the instruction-set path FLASHATTN_CPU_ISA names (the best one if unset).
 #include <cmath>
 #include <cstdint>
@@ -14,6 +16,7 @@
 
 #include "check.h"
 #include "core/engine.h"
+#include "core/half.h"
 #include "core/params.h"
 #include "cpu/isa.h"
 #include "cpu/thread_pool.h"
@@ -259,6 +262,97 @@ void check_determinism(Engine& e) {
     CHECK_THROWS(std::invalid_argument, "set_num_threads", cpu::set_num_threads(-3));
 }
 
+// The 16-bit bits of x's buffer (same layout), for a call in T.
+template <class T>
+std::vector<uint16_t> bits_of(const Array& x) {
+    std::vector<uint16_t> out(x.buf.size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = from_float<T>(x.buf[i]).bits;
+    return out;
+}
+
+template <class T>
+void round_in_place(Array& x) {
+    for (float& f : x.buf) f = to_float(from_float<T>(f));
+}
+
+template <class T>
+std::vector<float> widen(const std::vector<uint16_t>& bits) {
+    std::vector<float> out(bits.size());
+    for (size_t i = 0; i < out.size(); ++i) out[i] = to_float(T{bits[i]});
+    return out;
+}
+
+// Values equal (-0 == +0: a sum may start from +0 on one path only) or both NaN.
+bool same_values(const std::vector<float>& got, const std::vector<float>& want) {
+    if (got.size() != want.size()) return false;
+    for (size_t i = 0; i < got.size(); ++i)
+        if (!(got[i] == want[i] || (std::isnan(got[i]) && std::isnan(want[i])))) return false;
+    return true;
+}
+
+// A call in T (Half or BFloat16) against the float32 path on the same
+// values: the float32 work is the same, so each output must be the float32
+// output rounded to T (the backward's float32 run takes the rounded o).
+template <class T>
+void check_half_case(Engine& e, const Case& c, uint32_t seed, DType dtype) {
+    Problem prob(c, seed);
+    for (Array* x : {&prob.q, &prob.k, &prob.v, &prob.dout}) round_in_place<T>(*x);
+    auto view16 = [&](const Array& x, const std::vector<uint16_t>& bits) {
+        TensorView t = x.view();
+        t.data = bits.data() + x.origin;
+        t.dtype = dtype;
+        return t;
+    };
+    const auto qb = bits_of<T>(prob.q), kb = bits_of<T>(prob.k), vb = bits_of<T>(prob.v),
+               db = bits_of<T>(prob.dout);
+    const TensorView q16 = view16(prob.q, qb), k16 = view16(prob.k, kb), v16 = view16(prob.v, vb),
+                     d16 = view16(prob.dout, db);
+    // Forward in T and in float32.
+    const FlashParams p = make_forward_params(q16, k16, v16, prob.opt);
+    std::vector<uint16_t> o16(size_t(q_elements(p)));
+    std::vector<float> lse16(size_t(lse_elements(p))), o32(o16.size()), lse32(lse16.size());
+    ForwardIO io{q16.data, k16.data, v16.data, o16.data(), lse16.data()};
+    io.dtype = dtype;
+    run_forward(e, p, io);
+    const FlashParams p32 = make_forward_params(prob.q.view(), prob.k.view(), prob.v.view(), prob.opt);
+    run_forward(e, p32, {prob.q.data(), prob.k.data(), prob.v.data(), o32.data(), lse32.data()});
+    std::vector<float> o32_rounded(o32.size());
+    for (size_t i = 0; i < o32.size(); ++i) o32_rounded[i] = to_float(from_float<T>(o32[i]));
+    const std::vector<float> o_wide = widen<T>(o16);
+    const bool fwd_ok = same_values(o_wide, o32_rounded) && same_values(lse16, lse32);
+    // Backward in T, and in float32 from the rounded o.
+    const TensorView o16_view{o16.data(), {c.B, c.Tq, c.H, c.D},
+                              {int64_t(c.Tq) * c.H * c.D, int64_t(c.H) * c.D, c.D, 1}, dtype};
+    const TensorView lse_view{lse16.data(), {c.B, c.H, c.Tq}, {int64_t(c.H) * c.Tq, c.Tq, 1}};
+    const FlashParams pb = make_backward_params(d16, q16, k16, v16, o16_view, lse_view, prob.opt);
+    std::vector<uint16_t> dq16(size_t(q_elements(pb))), dk16(size_t(kv_elements(pb))),
+        dv16(dk16.size());
+    BackwardIO bio{d16.data,   q16.data,    k16.data,    v16.data,   o16.data(),
+                   lse16.data(), dq16.data(), dk16.data(), dv16.data()};
+    bio.dtype = dtype;
+    run_backward(e, pb, bio);
+    const FlashParams pb32 = make_backward_params(
+        prob.dout.view(), prob.q.view(), prob.k.view(), prob.v.view(),
+        contiguous_view(o_wide, c.B, c.Tq, c.H, c.D), lse_view, prob.opt);
+    std::vector<float> dq32(dq16.size()), dk32(dk16.size()), dv32(dv16.size());
+    run_backward(e, pb32, {prob.dout.data(), prob.q.data(), prob.k.data(), prob.v.data(),
+                           o_wide.data(), lse16.data(), dq32.data(), dk32.data(), dv32.data()});
+    auto rounded = [](const std::vector<float>& x) {
+        std::vector<float> r(x.size());
+        for (size_t i = 0; i < x.size(); ++i) r[i] = to_float(from_float<T>(x[i]));
+        return r;
+    };
+    const bool bwd_ok = same_values(widen<T>(dq16), rounded(dq32)) &&
+                        same_values(widen<T>(dk16), rounded(dk32)) &&
+                        same_values(widen<T>(dv16), rounded(dv32));
+    std::printf("%s %s B=%d Tq=%d Tk=%d H=%d Hkv=%d D=%d causal=%d layout=%d: forward %s, "
+                "backward %s (the float32 path's results, rounded)\n",
+                fwd_ok && bwd_ok ? "ok  " : "FAIL", dtype_name(dtype), c.B, c.Tq, c.Tk, c.H,
+                c.Hkv, c.D, int(c.causal), c.layout, fwd_ok ? "equal" : "DIFFERENT",
+                bwd_ok ? "equal" : "DIFFERENT");
+    CHECK(fwd_ok && bwd_ok);
+}
+
 }  // namespace
 
 int main() {
@@ -302,5 +396,20 @@ int main() {
     uint32_t seed = 1;
     for (const Case& c : cases) check_case(*engine, c, seed += 10);
     check_determinism(*engine);
+    // float16 and bfloat16: vector loads and their scalar tails (D = 59,
+    // 111), padded and reversed strides, split-KV (Tq = 1 against 2000 keys),
+    // GQA with the dK/dV partials, rows that see no key.
+    const std::vector<Case> half_cases = {
+        {2, 113, 203, 4, 2, 59, true},
+        {1, 203, 113, 3, 1, 64, true},
+        {2, 129, 129, 4, 2, 64, true, -1, -1, 1},
+        {2, 100, 130, 4, 1, 111, false, -1, -1, 2},
+        {1, 1, 2000, 8, 2, 64, false},
+        {1, 64, 64, 4, 1, 256, true, 20, -1, 0},
+    };
+    for (const Case& c : half_cases) {
+        check_half_case<Half>(*engine, c, seed += 10, DType::f16);
+        check_half_case<BFloat16>(*engine, c, seed += 10, DType::bf16);
+    }
     return flashattn_test::finish("test_cpu_engine");
 }

@@ -55,8 +55,11 @@ double max_err(const float* a, const float* b, size_t n) {
 }
 
 // Copies `host` into a fresh pool buffer of the engine, as fa.asarray does.
+// An output buffer's memory as the float32 it holds here.
+float* floats(const OutputBuffer& b) { return static_cast<float*>(b.data); }
+
 OutputBuffer to_pool(metal::MetalEngine& engine, const std::vector<float>& host) {
-    OutputBuffer b = engine.allocate(host.size());
+    OutputBuffer b = engine.allocate(host.size() * sizeof(float));
     std::memcpy(b.data, host.data(), host.size() * sizeof(float));
     return b;
 }
@@ -70,9 +73,9 @@ void check_case(metal::MetalEngine& metal, Engine& cpu, const Case& c, bool pool
     opt.causal = c.causal, opt.window_left = c.left, opt.window_right = c.right;
 
     OutputBuffer pq = to_pool(metal, q), pk = to_pool(metal, k), pv = to_pool(metal, v);
-    const float* qi = pool_inputs ? pq.data : q.data();
-    const float* ki = pool_inputs ? pk.data : k.data();
-    const float* vi = pool_inputs ? pv.data : v.data();
+    const float* qi = pool_inputs ? floats(pq) : q.data();
+    const float* ki = pool_inputs ? floats(pk) : k.data();
+    const float* vi = pool_inputs ? floats(pv) : v.data();
     const FlashParams p = make_forward_params(view(qi, c.B, c.Tq, c.H, c.D),
                                               view(ki, c.B, c.Tk, c.Hkv, c.D),
                                               view(vi, c.B, c.Tk, c.Hkv, c.D), opt);
@@ -80,10 +83,10 @@ void check_case(metal::MetalEngine& metal, Engine& cpu, const Case& c, bool pool
     std::vector<float> o_cpu(nq), lse_cpu(nl);
     run_forward(cpu, p, {q.data(), k.data(), v.data(), o_cpu.data(), lse_cpu.data()});
     const metal::TransferStats before = metal.transfer_stats();
-    OutputBuffer o = metal.allocate(nq), lse = metal.allocate(nl);
-    run_forward(metal, p, {qi, ki, vi, o.data, lse.data});
+    OutputBuffer o = metal.allocate(nq * sizeof(float)), lse = metal.allocate(nl * sizeof(float));
+    run_forward(metal, p, {qi, ki, vi, o.data, floats(lse)});
     const metal::TransferStats after = metal.transfer_stats();
-    const double e_o = max_err(o.data, o_cpu.data(), nq), e_l = max_err(lse.data, lse_cpu.data(), nl);
+    const double e_o = max_err(floats(o), o_cpu.data(), nq), e_l = max_err(floats(lse), lse_cpu.data(), nl);
     std::printf("  B=%d Tq=%d Tk=%d H=%d Hkv=%d D=%d causal=%d window=(%lld,%lld) %s: "
                 "o %.2e lse %.2e",
                 c.B, c.Tq, c.Tk, c.H, c.Hkv, c.D, int(c.causal), (long long)c.left,
@@ -94,8 +97,8 @@ void check_case(metal::MetalEngine& metal, Engine& cpu, const Case& c, bool pool
     CHECK(after.outputs_in_place - before.outputs_in_place == 2u);
 
     // Determinism: the same call again gives the same bits.
-    OutputBuffer o2 = metal.allocate(nq), lse2 = metal.allocate(nl);
-    run_forward(metal, p, {qi, ki, vi, o2.data, lse2.data});
+    OutputBuffer o2 = metal.allocate(nq * sizeof(float)), lse2 = metal.allocate(nl * sizeof(float));
+    run_forward(metal, p, {qi, ki, vi, o2.data, floats(lse2)});
     CHECK(std::memcmp(o.data, o2.data, nq * sizeof(float)) == 0);
 
     // Backward, with the metal engine's own o and lse; outputs in host memory
@@ -103,12 +106,12 @@ void check_case(metal::MetalEngine& metal, Engine& cpu, const Case& c, bool pool
     const FlashParams pb = make_backward_params(
         view(dout.data(), c.B, c.Tq, c.H, c.D), view(qi, c.B, c.Tq, c.H, c.D),
         view(ki, c.B, c.Tk, c.Hkv, c.D), view(vi, c.B, c.Tk, c.Hkv, c.D),
-        view(o.data, c.B, c.Tq, c.H, c.D),
+        view(floats(o), c.B, c.Tq, c.H, c.D),
         TensorView{lse.data, {c.B, c.H, c.Tq}, {int64_t(c.H) * c.Tq, c.Tq, 1}}, opt);
     std::vector<float> dq_cpu(nq), dk_cpu(nkv), dv_cpu(nkv), dq(nq), dk(nkv), dv(nkv);
-    run_backward(cpu, pb, {dout.data(), q.data(), k.data(), v.data(), o.data, lse.data,
+    run_backward(cpu, pb, {dout.data(), q.data(), k.data(), v.data(), o.data, floats(lse),
                            dq_cpu.data(), dk_cpu.data(), dv_cpu.data()});
-    run_backward(metal, pb, {dout.data(), qi, ki, vi, o.data, lse.data, dq.data(), dk.data(),
+    run_backward(metal, pb, {dout.data(), qi, ki, vi, o.data, floats(lse), dq.data(), dk.data(),
                              dv.data()});
     const double e_dq = max_err(dq.data(), dq_cpu.data(), nq);
     const double e_dk = max_err(dk.data(), dk_cpu.data(), nkv);

@@ -15,7 +15,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import flashattn as fa  # noqa: E402
-from helpers import Case, check_backward, check_forward, inputs  # noqa: E402
+from helpers import DTYPES, Case, check_backward, check_forward, inputs  # noqa: E402
 
 CASES = [
     Case(1, 100, 100, 2, 2, 64, causal=True),
@@ -32,10 +32,13 @@ CASES = [
 def main() -> int:
     print(f"cpu path: {fa.cpu_isa()}", flush=True)
     for i, case in enumerate(CASES):
-        q, k, v, do = inputs(case, seed=i)
-        check_forward("cpu", case, q, k, v)
-        check_backward("cpu", case, q, k, v, do)
-        print(f"  {case.id}: ok", flush=True)
+        # float16 and bfloat16 (their loads: F16C, AVX-512, or scalar) on
+        # the first cases, float32 on all.
+        for name, dtype in DTYPES.items() if i < 4 else [("f32", DTYPES["f32"])]:
+            q, k, v, do = inputs(case, seed=i, dtype=dtype)
+            check_forward("cpu", case, q, k, v)
+            check_backward("cpu", case, q, k, v, do)
+            print(f"  {case.id} {name}: ok", flush=True)
     print("ok")
     return 0
 

@@ -50,7 +50,9 @@ FUNCTIONS = ["attention", "attention_backward"]
 
 @pytest.mark.parametrize("fn", FUNCTIONS)
 @pytest.mark.parametrize("name", ["q", "k", "v"])
-@pytest.mark.parametrize("bad", ["list", "float64", "float16", "int32", "bool", "complex64",
+# (float16 and bfloat16 are dtypes of the contract; one of them among float32
+# arrays is a mixing error: test_dtypes.py.)
+@pytest.mark.parametrize("bad", ["list", "float64", "uint16", "int32", "bool", "complex64",
                                  "object"])
 def test_wrong_type_or_dtype_is_a_type_error(fn, name, bad):
     args = args_for(fn)

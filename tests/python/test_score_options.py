@@ -79,8 +79,10 @@ def check_forward(backend, case, q, k, v, options):
     o64, lse64 = fa.reference.attention(q, k, v, return_lse=True, **opts)
     o32, lse32 = fa.reference.attention(q, k, v, return_lse=True, dtype=np.float32, **opts)
     assert lse.shape == (case.B, case.H, case.Tq)
-    assert_close_to_reference(o, o64, o32, factor=FORWARD_FACTOR, backend=backend, name="o")
-    assert_close_to_reference(lse, lse64, lse32, factor=FORWARD_FACTOR, backend=backend, name="lse")
+    assert_close_to_reference(o, o64, o32, factor=FORWARD_FACTOR, backend=backend, name="o",
+                              dtype=q.dtype)
+    assert_close_to_reference(lse, lse64, lse32, factor=FORWARD_FACTOR, backend=backend, name="lse",
+                              dtype=q.dtype, out_dtype=np.float32)
     return o, lse
 
 
@@ -89,14 +91,18 @@ def check_backward(backend, case, q, k, v, do, options):
     o, lse = fa.attention(q, k, v, return_lse=True, backend=backend, **opts)
     grads = fa.attention_backward(do, q, k, v, o, lse, backend=backend, **opts)
     refs = fa.reference.attention_backward(do, q, k, v, **opts)
-    bases = fa.reference.attention_backward(do, q, k, v, dtype=np.float32, **opts)
+    # The yardstick reads the o the engine reads (helpers.check_backward).
+    bases = fa.reference.attention_backward(do, q, k, v, o, lse, dtype=np.float32,
+                                            delta_from_o=True, **opts)
     names = ("dq", "dk", "dv", "dsinks")[:len(refs)]
     assert len(grads) == len(refs) == (4 if "sinks" in options else 3)
     magnitude = max(_max_abs(r) for r in refs[:3])
     for name, got, ref, base in zip(names, grads, refs, bases):
         assert got.shape == ref.shape, f"{name}: shape {got.shape}, want {ref.shape}"
         assert_close_to_reference(got, ref, base, factor=GRADIENT_FACTOR, backend=backend,
-                                  name=name, magnitude=None if name == "dsinks" else magnitude)
+                                  name=name, magnitude=None if name == "dsinks" else magnitude,
+                                  dtype=q.dtype,
+                                  out_dtype=np.float32 if name == "dsinks" else q.dtype)
     return grads
 
 
@@ -107,17 +113,17 @@ def _runs_options(backend):
 
 @pytest.mark.parametrize("option", list(OPTIONS))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_forward_with_options_matches_reference(backend, case, option):
+def test_forward_with_options_matches_reference(backend, case, option, dtype):
     _runs_options(backend)
-    q, k, v, _ = inputs(case, seed=40)
+    q, k, v, _ = inputs(case, seed=40, dtype=dtype)
     check_forward(backend, case, q, k, v, options_for(option, case, 41))
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_backward_with_options_matches_reference(backend, case, option):
+def test_backward_with_options_matches_reference(backend, case, option, dtype):
     _runs_options(backend)
-    q, k, v, do = inputs(case, seed=42)
+    q, k, v, do = inputs(case, seed=42, dtype=dtype)
     check_backward(backend, case, q, k, v, do, options_for(option, case, 43))
 
 
