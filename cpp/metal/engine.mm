@@ -26,6 +26,10 @@ public:
 
     std::string name() const override { return "metal"; }
 
+    // float32, float16 and bfloat16 kernels (shaders' FA_STORAGE_TYPES;
+    // bfloat needs MSL 3.1, which the metallib is built for: macOS 14).
+    bool dtype_supported(DType) const override { return true; }
+
     OutputBuffer allocate(size_t bytes) override { return allocate_bytes(bytes); }
 
     // Every entry point that calls Objective-C runs in an autorelease pool:
@@ -58,14 +62,14 @@ public:
     void forward(const FlashParams& p, const ForwardIO& io) override {
         with_autorelease_pool([&] {
             Call call = Call::forward(*pool_, p, io);
-            run(plan_forward(call.params()), call);
+            run(plan_forward(call.params(), io.dtype), call);
         });
     }
 
     void backward(const FlashParams& p, const BackwardIO& io) override {
         with_autorelease_pool([&] {
             Call call = Call::backward(*pool_, p, io);
-            run(plan_backward(call.params()), call);
+            run(plan_backward(call.params(), io.dtype), call);
         });
     }
 
