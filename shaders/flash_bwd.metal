@@ -1,10 +1,14 @@
 // Fused attention backward on simdgroup matrices (FlashAttention-2 math,
 // metal-flash-attention's split: no atomics), three kernels run in this
 // order by plan_backward:
-//   flash_bwd_preprocess_f32     delta = rowsum(dout * o), one float per row
-//   flash_bwd_dq_f32_hd{HD}      dq: a threadgroup per block of query rows
-//   flash_bwd_dkdv_f32_hd{HD}    dk, dv: a threadgroup per block of key rows,
+//   flash_bwd_preprocess_{dt}    delta = rowsum(dout * o), one float per row
+//   flash_bwd_dq_{dt}_hd{HD}     dq: a threadgroup per block of query rows
+//   flash_bwd_dkdv_{dt}_hd{HD}   dk, dv: a threadgroup per block of key rows,
 //                                summed over the query heads of its kv head
+// ({dt}: f32, f16, bf16, the storage type T of q, k, v, o, dout and the
+// gradients; staged tiles hold T, fragments and accumulators are float32,
+// lse and delta float32, dq, dk, dv rounded to T once. P and dS stay
+// float32: they are never rounded to T before their products.)
 // Probabilities are recomputed tile by tile from q, k and the forward's lse,
 // never stored. Every gradient element is owned by one SIMD group that sums
 // in a fixed order, so results are bit-for-bit repeatable. With S = (scale
@@ -21,12 +25,13 @@
 
 // delta[b, h, i] = sum_d dout[b, i, h, d] * o[b, i, h, d]. One thread per
 // row; O(T D) work, negligible next to the O(T^2 D) kernels.
-kernel void flash_bwd_preprocess_f32(device const float* dout [[buffer(0)]],
-                                     device const float* o [[buffer(1)]],
-                                     device float* delta [[buffer(2)]],
-                                     constant FlashParams& p [[buffer(3)]],
-                                     uint3 grid_pos [[threadgroup_position_in_grid]],
-                                     uint tid [[thread_index_in_threadgroup]]) {
+template <class T>
+kernel void flash_bwd_preprocess(device const T* dout [[buffer(0)]],
+                                 device const T* o [[buffer(1)]],
+                                 device float* delta [[buffer(2)]],
+                                 constant FlashParams& p [[buffer(3)]],
+                                 uint3 grid_pos [[threadgroup_position_in_grid]],
+                                 uint tid [[thread_index_in_threadgroup]]) {
     const uint3 pos = fa_group_position(grid_pos, p);
     const int h = int(pos.y);
     const int b = int(pos.z);
@@ -35,7 +40,7 @@ kernel void flash_bwd_preprocess_f32(device const float* dout [[buffer(0)]],
     const fa_long go = fa_offset(p.dout.b, p.dout.t, p.dout.h, b, i, h);
     const fa_long oo = fa_offset(p.o.b, p.o.t, p.o.h, b, i, h);
     float sum = 0.0f;
-    for (int d = 0; d < p.D; ++d) sum = fma(dout[go + d], o[oo + d], sum);
+    for (int d = 0; d < p.D; ++d) sum = fma(float(dout[go + d]), float(o[oo + d]), sum);
     delta[(fa_long(b) * p.H + h) * p.Tq + i] = sum;
 }
 
@@ -48,14 +53,14 @@ FA_INLINE float fa_prob(float s, float lse) { return exp2((s - lse) * M_LOG2E_F)
 // dq for FA_BLOCK_ROWS query rows (packed numbering, as the forward) and
 // FA_DQ_DCHUNK(HD) columns (grid.y = Hkv * HD / chunk); K and V staged
 // through threadgroup memory exactly as in the forward.
-template <int HD>
-kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
-                         device const float* k [[buffer(1)]],
-                         device const float* v [[buffer(2)]],
-                         device const float* dout [[buffer(3)]],
+template <int HD, class T>
+kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
+                         device const T* k [[buffer(1)]],
+                         device const T* v [[buffer(2)]],
+                         device const T* dout [[buffer(3)]],
                          device const float* lse [[buffer(4)]],
                          device const float* delta [[buffer(5)]],
-                         device float* dq [[buffer(6)]],
+                         device T* dq [[buffer(6)]],
                          constant FlashParams& p [[buffer(7)]],
                          constant FlashScoreParams& sp [[buffer(8)]],
                          device const float* alibi [[buffer(9)]],
@@ -67,8 +72,8 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
                          uint sg [[simdgroup_index_in_threadgroup]]) {
     const int BK = FA_STAGE(HD);
     const int LD = FA_LD(HD);
-    FA_TG_ARRAY(float, Ks, FA_STAGE(HD) * FA_LD(HD));
-    FA_TG_ARRAY(float, Vs, FA_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(T, Ks, FA_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(T, Vs, FA_STAGE(HD) * FA_LD(HD));
     FA_TG_ARRAY(int, Flags, FA_SIMDGROUPS);
 
     const int DC = FA_DQ_DCHUNK(HD);
@@ -97,7 +102,7 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
     const int group_begin = int(fa_key_begin(t_lo, p.Tq, p.Tk, p.window_left));
     const int group_end = int(fa_key_end(t_hi, p.Tq, p.Tk, p.window_right));
 
-    FaRowFragments<HD, FA_DQ_ROWS_IN_REGISTERS(HD)> Q, G;
+    FaRowFragments<HD, FA_DQ_ROWS_IN_REGISTERS(HD), T> Q, G;
     Q.load(row.valid ? q + fa_offset(p.q.b, p.q.t, p.q.h, b, row.t, row.h) : nullptr, at.col, p.D,
            p.scale);
     G.load(row.valid ? dout + fa_offset(p.dout.b, p.dout.t, p.dout.h, b, row.t, row.h) : nullptr,
@@ -111,8 +116,8 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
     const FaScoreMods mods =
         fa_score_mods_of(sp, alibi, b, row.valid ? row.h : 0, fa_long(row.t) * sp.mask_i);
 
-    device const float* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
-    device const float* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);
+    device const T* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
+    device const T* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);
     for (int j0 = group_begin; j0 < group_end; j0 += BK) {
         const int n = min(BK, group_end - j0);
         threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -135,8 +140,8 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
             FA_UNROLL
             for (int d8 = 0; d8 < HD / 8; ++d8) {
                 fa_frag kt, vt;
-                simdgroup_load(kt, Ks + k8 * 8 * LD + d8 * 8, ulong(LD), ulong2(0, 0), true);
-                simdgroup_load(vt, Vs + k8 * 8 * LD + d8 * 8, ulong(LD), ulong2(0, 0), true);
+                fa_load_tile(kt, Ks + k8 * 8 * LD + d8 * 8, LD, true, lane);
+                fa_load_tile(vt, Vs + k8 * 8 * LD + d8 * 8, LD, true, lane);
                 simdgroup_multiply_accumulate(S[k8], Q.frag(d8), kt, S[k8]);
                 simdgroup_multiply_accumulate(dP[k8], G.frag(d8), vt, dP[k8]);
             }
@@ -153,7 +158,7 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
         }
         // dQ += dS K, on this threadgroup's columns.
         if (exact) {
-            fa_masked_accumulate(dQ, S, Ks + c0, LD, at, j0, row_begin, row_end);
+            fa_masked_accumulate(dQ, S, Ks + c0, LD, at, j0, row_begin, row_end, 1.0f);
             continue;
         }
         FA_UNROLL
@@ -161,20 +166,15 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
             FA_UNROLL
             for (int k8 = 0; k8 < BK / 8; ++k8) {
                 fa_frag kf;
-                simdgroup_load(kf, Ks + k8 * 8 * LD + c0 + d8 * 8, ulong(LD));
+                fa_load_tile(kf, Ks + k8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
                 simdgroup_multiply_accumulate(dQ[d8], S[k8], kf, dQ[d8]);
             }
         }
     }
 
     if (!row.valid || c0 + at.col >= p.D) return;
-    device float* out = dq + fa_offset(p.dq.b, p.dq.t, p.dq.h, b, row.t, row.h);
-    FA_UNROLL
-    for (int d8 = 0; d8 < DC / 8; ++d8) {
-        const int c = c0 + d8 * 8 + at.col;
-        if (fa_head_full || c < p.D) out[c] = dQ[d8].thread_elements()[0] * p.scale;
-        if (fa_head_full || c + 1 < p.D) out[c + 1] = dQ[d8].thread_elements()[1] * p.scale;
-    }
+    fa_store_row(dq + fa_offset(p.dq.b, p.dq.t, p.dq.h, b, row.t, row.h), dQ, c0, at.col, p.D,
+                 p.scale);
 }
 
 // dk and dv for FA_BLOCK_ROWS key rows of one kv head, columns [c0, c0 +
@@ -183,15 +183,15 @@ kernel void flash_bwd_dq(device const float* q [[buffer(0)]],
 // Q blocks (scaled by `scale`, as the forward scales Q, so S^T holds the
 // forward's scores bit for bit) and dout blocks of FA_DKDV_STAGE(HD) rows are
 // staged with their lse and delta.
-template <int HD>
-kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
-                           device const float* k [[buffer(1)]],
-                           device const float* v [[buffer(2)]],
-                           device const float* dout [[buffer(3)]],
+template <int HD, class T>
+kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
+                           device const T* k [[buffer(1)]],
+                           device const T* v [[buffer(2)]],
+                           device const T* dout [[buffer(3)]],
                            device const float* lse [[buffer(4)]],
                            device const float* delta [[buffer(5)]],
-                           device float* dk [[buffer(6)]],
-                           device float* dv [[buffer(7)]],
+                           device T* dk [[buffer(6)]],
+                           device T* dv [[buffer(7)]],
                            constant FlashParams& p [[buffer(8)]],
                            constant FlashScoreParams& sp [[buffer(9)]],
                            device const float* alibi [[buffer(10)]],
@@ -205,8 +205,8 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
     const int LD = FA_LD(HD);
     const int DC = FA_DKDV_DCHUNK(HD);
     (void)sinks;  // a sink changes only lse, which the forward gave
-    FA_TG_ARRAY(float, Qs, FA_DKDV_STAGE(HD) * FA_LD(HD));
-    FA_TG_ARRAY(float, Gs, FA_DKDV_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(T, Qs, FA_DKDV_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(T, Gs, FA_DKDV_STAGE(HD) * FA_LD(HD));
     FA_TG_ARRAY(float, Ls, FA_DKDV_STAGE(HD));
     FA_TG_ARRAY(float, Ds, FA_DKDV_STAGE(HD));
     FA_TG_ARRAY(int, Flags, FA_SIMDGROUPS);
@@ -231,7 +231,11 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
     const int group_begin = int(fa_query_begin(j_first, p.Tq, p.Tk, p.window_right));
     const int group_end = int(fa_query_end(j_last, p.Tq, p.Tk, p.window_left));
 
-    FaRowFragments<HD, FA_DKDV_ROWS_IN_REGISTERS(HD)> K, V;
+    FaRowFragments<HD, FA_DKDV_ROWS_IN_REGISTERS(HD), T> K, V;
+    // Where q's scale is applied (FaStorage): in the float tile, or as
+    // each fragment of a 16-bit tile is loaded.
+    const float q_stage_scale = FaStorage<T>::scaled_in_tile() ? p.scale : 1.0f;
+    const float q_frag_scale = FaStorage<T>::scaled_in_tile() ? 1.0f : p.scale;
     K.load(key_valid ? k + fa_offset(p.k.b, p.k.t, p.k.h, b, j, hkv) : nullptr, at.col, p.D, 1.0f);
     V.load(key_valid ? v + fa_offset(p.v.b, p.v.t, p.v.h, b, j, hkv) : nullptr, at.col, p.D, 1.0f);
 
@@ -245,13 +249,13 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
     for (int g = 0; g < p.group; ++g) {
         const int h = hkv * p.group + g;
         const fa_long stat0 = (fa_long(b) * p.H + h) * p.Tq;
-        device const float* q_head = q + fa_offset(p.q.b, p.q.t, p.q.h, b, 0, h);
-        device const float* g_head = dout + fa_offset(p.dout.b, p.dout.t, p.dout.h, b, 0, h);
+        device const T* q_head = q + fa_offset(p.q.b, p.q.t, p.q.h, b, 0, h);
+        device const T* g_head = dout + fa_offset(p.dout.b, p.dout.t, p.dout.h, b, 0, h);
         for (int i0 = group_begin; i0 < group_end; i0 += BQ) {
             const int n = min(BQ, group_end - i0);
             threadgroup_barrier(mem_flags::mem_threadgroup);
             const bool q_bad = fa_stage<HD, FA_DKDV_STAGE(HD)>(Qs, q_head + fa_long(i0) * p.q.t,
-                                                               p.q.t, n, p.D, p.scale, tid);
+                                                               p.q.t, n, p.D, q_stage_scale, tid);
             const bool g_bad = fa_stage<HD, FA_DKDV_STAGE(HD)>(Gs, g_head + fa_long(i0) * p.dout.t,
                                                                p.dout.t, n, p.D, 1.0f, tid);
             fa_post_nonfinite(Flags, q_bad || g_bad, sg, lane);
@@ -275,8 +279,9 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
                 FA_UNROLL
                 for (int d8 = 0; d8 < HD / 8; ++d8) {
                     fa_frag qt, gt;
-                    simdgroup_load(qt, Qs + i8 * 8 * LD + d8 * 8, ulong(LD), ulong2(0, 0), true);
-                    simdgroup_load(gt, Gs + i8 * 8 * LD + d8 * 8, ulong(LD), ulong2(0, 0), true);
+                    fa_load_tile(qt, Qs + i8 * 8 * LD + d8 * 8, LD, true, lane);
+                    fa_scale_frag(qt, q_frag_scale);
+                    fa_load_tile(gt, Gs + i8 * 8 * LD + d8 * 8, LD, true, lane);
                     simdgroup_multiply_accumulate(St[i8], K.frag(d8), qt, St[i8]);
                     simdgroup_multiply_accumulate(dPt[i8], V.frag(d8), gt, dPt[i8]);
                 }
@@ -299,8 +304,8 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
             }
             // dV += P^T dout and dK += dS^T (scale q), on this threadgroup's columns.
             if (exact) {
-                fa_masked_accumulate(dV, St, Gs + c0, LD, at, i0, col_begin, col_end);
-                fa_masked_accumulate(dK, dPt, Qs + c0, LD, at, i0, col_begin, col_end);
+                fa_masked_accumulate(dV, St, Gs + c0, LD, at, i0, col_begin, col_end, 1.0f);
+                fa_masked_accumulate(dK, dPt, Qs + c0, LD, at, i0, col_begin, col_end, q_frag_scale);
                 continue;
             }
             FA_UNROLL
@@ -308,8 +313,9 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
                 FA_UNROLL
                 for (int i8 = 0; i8 < BQ / 8; ++i8) {
                     fa_frag gf, qf;
-                    simdgroup_load(gf, Gs + i8 * 8 * LD + c0 + d8 * 8, ulong(LD));
-                    simdgroup_load(qf, Qs + i8 * 8 * LD + c0 + d8 * 8, ulong(LD));
+                    fa_load_tile(gf, Gs + i8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
+                    fa_load_tile(qf, Qs + i8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
+                    fa_scale_frag(qf, q_frag_scale);
                     simdgroup_multiply_accumulate(dV[d8], St[i8], gf, dV[d8]);
                     simdgroup_multiply_accumulate(dK[d8], dPt[i8], qf, dK[d8]);
                 }
@@ -318,32 +324,24 @@ kernel void flash_bwd_dkdv(device const float* q [[buffer(0)]],
     }
 
     if (!key_valid || c0 + at.col >= p.D) return;
-    device float* dk_row = dk + fa_offset(p.dk.b, p.dk.t, p.dk.h, b, j, hkv);
-    device float* dv_row = dv + fa_offset(p.dv.b, p.dv.t, p.dv.h, b, j, hkv);
-    FA_UNROLL
-    for (int d8 = 0; d8 < DC / 8; ++d8) {
-        const int c = c0 + d8 * 8 + at.col;
-        if (fa_head_full || c < p.D) {
-            dk_row[c] = dK[d8].thread_elements()[0];
-            dv_row[c] = dV[d8].thread_elements()[0];
-        }
-        if (fa_head_full || c + 1 < p.D) {
-            dk_row[c + 1] = dK[d8].thread_elements()[1];
-            dv_row[c + 1] = dV[d8].thread_elements()[1];
-        }
-    }
+    fa_store_row(dk + fa_offset(p.dk.b, p.dk.t, p.dk.h, b, j, hkv), dK, c0, at.col, p.D, 1.0f);
+    fa_store_row(dv + fa_offset(p.dv.b, p.dv.t, p.dv.h, b, j, hkv), dV, c0, at.col, p.D, 1.0f);
 }
 
-#define FA_INSTANTIATE_BWD(HD)                                                                 \
-    template FA_HOST_NAME("flash_bwd_dq_f32_hd" #HD) kernel void flash_bwd_dq<HD>(             \
-        device const float*, device const float*, device const float*, device const float*,    \
-        device const float*, device const float*, device float*, constant FlashParams&,         \
-        constant FlashScoreParams&, device const float*, device const uchar*, device const float*, \
-        uint3, uint, uint, uint);                                                               \
-    template FA_HOST_NAME("flash_bwd_dkdv_f32_hd" #HD) kernel void flash_bwd_dkdv<HD>(         \
-        device const float*, device const float*, device const float*, device const float*,    \
-        device const float*, device const float*, device float*, device float*,                \
-        constant FlashParams&, constant FlashScoreParams&, device const float*,                 \
-        device const uchar*, device const float*, uint3, uint, uint, uint);
+#define FA_INSTANTIATE_BWD(NAME, T, HD)                                                         \
+    template FA_HOST_NAME("flash_bwd_dq_" #NAME "_hd" #HD) kernel void flash_bwd_dq<HD, T>(    \
+        device const T*, device const T*, device const T*, device const T*, device const float*, \
+        device const float*, device T*, constant FlashParams&, constant FlashScoreParams&,       \
+        device const float*, device const uchar*, device const float*, uint3, uint, uint, uint); \
+    template FA_HOST_NAME("flash_bwd_dkdv_" #NAME "_hd" #HD) kernel void flash_bwd_dkdv<HD, T>( \
+        device const T*, device const T*, device const T*, device const T*, device const float*, \
+        device const float*, device T*, device T*, constant FlashParams&,                        \
+        constant FlashScoreParams&, device const float*, device const uchar*,                    \
+        device const float*, uint3, uint, uint, uint);
+#define FA_INSTANTIATE_BWD_TYPES(HD) FA_STORAGE_TYPES(FA_INSTANTIATE_BWD, HD)
+FA_HEAD_BUCKETS(FA_INSTANTIATE_BWD_TYPES)
 
-FA_HEAD_BUCKETS(FA_INSTANTIATE_BWD)
+#define FA_INSTANTIATE_PREPROCESS(NAME, T, UNUSED)                                                \
+    template FA_HOST_NAME("flash_bwd_preprocess_" #NAME) kernel void flash_bwd_preprocess<T>(   \
+        device const T*, device const T*, device float*, constant FlashParams&, uint3, uint);
+FA_STORAGE_TYPES(FA_INSTANTIATE_PREPROCESS, 0)

@@ -15,6 +15,24 @@ FA_FUNCTION_CONSTANT(int, fa_score_mods, FA_FC_SCORE_MODS)
 
 typedef simdgroup_matrix<float, 8, 8> fa_frag;
 
+// The storage type T of q, k, v, o, do and the gradients (issue 15): float,
+// half or bfloat (MSL 3.1), a template parameter of every tiled kernel.
+// Staged tiles hold T; fragments, scores, softmax statistics and every
+// accumulator are float32; results are rounded to T once, when written.
+// A tile that must be scaled (the dK/dV kernel's q) takes the scale at
+// staging only when T is float (x * scale is then exactly the float the
+// fragment holds); a 16-bit tile keeps x and its fragment loads multiply,
+// since rounding x * scale to 16 bits would change the scores the backward
+// must recompute bit for bit.
+template <class T>
+struct FaStorage {
+    static FA_INLINE bool scaled_in_tile() { return false; }
+};
+template <>
+struct FaStorage<float> {
+    static FA_INLINE bool scaled_in_tile() { return true; }
+};
+
 // The threadgroup's position in the whole launch: its position in the
 // dispatched piece plus the piece's origin (FlashParams::group_offset_*).
 FA_INLINE uint3 fa_group_position(uint3 grid_pos, constant FlashParams& p) {
@@ -71,16 +89,19 @@ FA_INLINE void fa_row_span(constant FlashParams& p, int r0, int n, thread int& l
     hi = min(g0 == g1 ? t1 : p.rows_per_head - 1, p.Tq - 1);
 }
 
-// Two adjacent elements of a row, zero past column n: a fragment's lane
-// elements loaded straight from device memory.
-FA_INLINE float2 fa_load_pair(device const float* row, int c, int n) {
-    if (fa_head_full || c + 1 < n) return float2(row[c], row[c + 1]);
-    return float2(c < n ? row[c] : 0.0f, 0.0f);
+// Two adjacent elements of a row as floats, zero past column n: a
+// fragment's lane elements loaded straight from device memory.
+template <class T>
+FA_INLINE float2 fa_load_pair(device const T* row, int c, int n) {
+    if (fa_head_full || c + 1 < n) return float2(float(row[c]), float(row[c + 1]));
+    return float2(c < n ? float(row[c]) : 0.0f, 0.0f);
 }
 
-// Four consecutive floats as one vector load (packed_float4 needs only the
-// floats' own alignment). The C++ side reads them one by one: the same
-// values, without reinterpreting a float array as vectors.
+// Four consecutive elements as floats, by one vector load where MSL has
+// the packed type (packed_float4, packed_half4 need only the elements' own
+// alignment); bfloat, which has no packed vector in MSL 3.1, element by
+// element. The C++ side reads them one by one: the same values, without
+// reinterpreting an array as vectors.
 FA_INLINE float4 fa_load4(device const float* p) {
 #ifdef __METAL_VERSION__
     return float4(*reinterpret_cast<device const packed_float4*>(p));
@@ -88,13 +109,72 @@ FA_INLINE float4 fa_load4(device const float* p) {
     return float4(p[0], p[1], p[2], p[3]);
 #endif
 }
+FA_INLINE float4 fa_load4(device const half* p) {
+#ifdef __METAL_VERSION__
+    return float4(half4(*reinterpret_cast<device const packed_half4*>(p)));
+#else
+    return float4(float(p[0]), float(p[1]), float(p[2]), float(p[3]));
+#endif
+}
+FA_INLINE float4 fa_load4(device const bfloat* p) {
+    return float4(float(p[0]), float(p[1]), float(p[2]), float(p[3]));
+}
+
+// A fragment of a staged tile: element (r, c) is src[r * ld + c], or with
+// `transpose` src[c * ld + r], as float. A float tile is one simdgroup_load;
+// a 16-bit tile is read by each lane at its two elements (Apple's layout,
+// as fa_lane) and widened, as MLX's steel kernels load theirs: MSL's
+// simdgroup_load moves no type into another, and needs no bfloat matrices.
+// The lane's place is recomputed from `lane` (as simdgroup_load does), not
+// taken from a FaLane kept live: on the gate's proxies that keeps the dQ
+// and dK/dV kernels' registers as the float32 ones (hd64: 128 + spills
+// otherwise, 117 / 127 so).
+FA_ALWAYS_INLINE void fa_load_tile(thread fa_frag& f, threadgroup const float* src, int ld,
+                                   bool transpose, uint lane) {
+    (void)lane;
+    simdgroup_load(f, src, ulong(ld), ulong2(0, 0), transpose);
+}
+template <class T>
+FA_ALWAYS_INLINE void fa_load_tile(thread fa_frag& f, threadgroup const T* src, int ld,
+                                   bool transpose, uint lane) {
+    const uint quad = lane / 4;
+    const uint row = (quad & 4) + (lane / 2) % 4, col = (quad & 2) * 2 + (lane % 2) * 2;
+    FA_UNROLL
+    for (uint i = 0; i < 2; ++i) {
+        const ulong r = transpose ? col + i : row;
+        const ulong c = transpose ? row : col + i;
+        f.thread_elements()[i] = float(src[r * ulong(ld) + c]);
+    }
+}
+
+// A fragment's lane elements times s (1 where the tile already holds the
+// scale: a no-op the compiler removes).
+FA_ALWAYS_INLINE void fa_scale_frag(thread fa_frag& f, float s) {
+    f.thread_elements()[0] *= s;
+    f.thread_elements()[1] *= s;
+}
+
+// Writes the lane's elements of a row of N8 fragments (columns c0 + 8 * n8
+// + col and the next) times `scale` to `out`, rounded to T, skipping
+// columns at or past D.
+template <int N8, class T>
+FA_INLINE void fa_store_row(device T* out, const thread fa_frag (&A)[N8], int c0, int col, int D,
+                            float scale) {
+    FA_UNROLL
+    for (int n8 = 0; n8 < N8; ++n8) {
+        const int c = c0 + n8 * 8 + col;
+        if (fa_head_full || c < D) out[c] = T(A[n8].thread_elements()[0] * scale);
+        if (fa_head_full || c + 1 < D) out[c + 1] = T(A[n8].thread_elements()[1] * scale);
+    }
+}
 
 // Copies `rows` rows of HD columns (the first D of each from `src`, rows
 // `pitch` elements apart, times `scale`; zeros past D and past `rows`) into
-// a staged tile of STAGE rows of pitch FA_LD(HD). All threads of the group
-// take part. Returns whether this thread staged a NaN or an inf.
-template <int HD, int STAGE>
-FA_INLINE bool fa_stage(threadgroup float* tile, device const float* src, fa_long pitch, int rows,
+// a staged tile of STAGE rows of pitch FA_LD(HD), in the input's type T
+// (a 16-bit tile is staged with scale 1: FaStorage). All threads of the
+// group take part. Returns whether this thread staged a NaN or an inf.
+template <int HD, int STAGE, class T>
+FA_INLINE bool fa_stage(threadgroup T* tile, device const T* src, fa_long pitch, int rows,
                         int D, float scale, uint tid) {
     const int quads = HD / 4;
     bool nonfinite = false;
@@ -103,17 +183,18 @@ FA_INLINE bool fa_stage(threadgroup float* tile, device const float* src, fa_lon
         const int c = (e - r * quads) * 4;
         float4 x = float4(0.0f);
         if (r < rows) {
-            device const float* row = src + fa_long(r) * pitch;
+            device const T* row = src + fa_long(r) * pitch;
             if (fa_head_vec4 && c < D) {
                 x = fa_load4(row + c);
             } else {
-                for (int i = 0; i < 4; ++i) x[i] = c + i < D ? row[c + i] : 0.0f;
+                for (int i = 0; i < 4; ++i) x[i] = c + i < D ? float(row[c + i]) : 0.0f;
             }
         }
-        threadgroup float* dst = tile + r * FA_LD(HD) + c;
+        threadgroup T* dst = tile + r * FA_LD(HD) + c;
         for (int i = 0; i < 4; ++i) {
-            dst[i] = x[i] * scale;
-            nonfinite = nonfinite || !isfinite(dst[i]);
+            const float y = x[i] * scale;
+            dst[i] = T(y);
+            nonfinite = nonfinite || !isfinite(y);
         }
     }
     return nonfinite;
@@ -144,12 +225,12 @@ FA_INLINE ushort fa_lane_of(int row, int col) {
 // whose B holds a NaN or an inf, where a matrix multiply would give the
 // rows that do not see it 0 * inf = NaN. A is K8 fragments of 8 x 8 (an
 // element at a time, gathered by shuffles), acc N8 fragments of output
-// columns, B the staged rows k at pitch ld from the output's first column.
-// Slow, and only taken for such tiles.
-template <int K8, int N8>
+// columns, B the staged rows k at pitch ld from the output's first column,
+// each element times b_scale (FaStorage). Slow, and only taken for such tiles.
+template <int K8, int N8, class T>
 FA_INLINE void fa_masked_accumulate(thread fa_frag (&acc)[N8], const thread fa_frag (&A)[K8],
-                                    threadgroup const float* B, int ld, FaLane at, int k_first,
-                                    int begin, int end) {
+                                    threadgroup const T* B, int ld, FaLane at, int k_first,
+                                    int begin, int end, float b_scale) {
     for (int k = 0; k < K8 * 8; ++k) {
         // Every lane shuffles (uniform control flow); the value is the
         // lane's row's element k of A.
@@ -163,11 +244,13 @@ FA_INLINE void fa_masked_accumulate(thread fa_frag (&acc)[N8], const thread fa_f
             if (k8 == k / 8) a = (k & 1) ? x1 : x0;
         }
         if (k_first + k < begin || k_first + k >= end) continue;
-        threadgroup const float* b = B + k * ld + at.col;
+        threadgroup const T* b = B + k * ld + at.col;
         FA_UNROLL
         for (int n8 = 0; n8 < N8; ++n8) {
-            acc[n8].thread_elements()[0] = fma(a, b[n8 * 8], acc[n8].thread_elements()[0]);
-            acc[n8].thread_elements()[1] = fma(a, b[n8 * 8 + 1], acc[n8].thread_elements()[1]);
+            acc[n8].thread_elements()[0] =
+                fma(a, float(b[n8 * 8]) * b_scale, acc[n8].thread_elements()[0]);
+            acc[n8].thread_elements()[1] =
+                fma(a, float(b[n8 * 8 + 1]) * b_scale, acc[n8].thread_elements()[1]);
         }
     }
 }
@@ -177,14 +260,14 @@ FA_INLINE void fa_masked_accumulate(thread fa_frag (&acc)[N8], const thread fa_f
 // IN_REGISTERS they are loaded once and live in HD/4 registers per thread;
 // otherwise each frag() loads the lane's two elements again from device
 // memory. Rows the SIMD group does not own (row == 0) are zero.
-template <int HD, bool IN_REGISTERS>
+template <int HD, bool IN_REGISTERS, class T>
 struct FaRowFragments;
 
-template <int HD>
-struct FaRowFragments<HD, true> {
+template <int HD, class T>
+struct FaRowFragments<HD, true, T> {
     fa_frag f[HD / 8];
 
-    FA_INLINE void load(device const float* row, int col, int D, float scale) {
+    FA_INLINE void load(device const T* row, int col, int D, float scale) {
         FA_UNROLL
         for (int d8 = 0; d8 < HD / 8; ++d8) {
             const float2 x = row ? fa_load_pair(row, d8 * 8 + col, D) : float2(0.0f);
@@ -195,13 +278,13 @@ struct FaRowFragments<HD, true> {
     FA_INLINE fa_frag frag(int d8) const { return f[d8]; }
 };
 
-template <int HD>
-struct FaRowFragments<HD, false> {
-    device const float* row_;
+template <int HD, class T>
+struct FaRowFragments<HD, false, T> {
+    device const T* row_;
     int col_, D_;
     float scale_;
 
-    FA_INLINE void load(device const float* row, int col, int D, float scale) {
+    FA_INLINE void load(device const T* row, int col, int D, float scale) {
         row_ = row, col_ = col, D_ = D, scale_ = scale;
     }
     FA_INLINE fa_frag frag(int d8) const {

@@ -17,8 +17,13 @@
 // Split-KV (FlashParams::kv_splits > 1, decode with few threadgroups): the
 // key range is cut into kv_splits chunks, grid.z = B * kv_splits; each
 // chunk writes its normalised o and lse to the partial_o / partial_lse
-// scratch bound in place of o and lse, and flash_fwd_merge_f32 combines
-// them exactly.
+// float32 scratch bound in place of o and lse, and flash_fwd_merge_{dtype}
+// combines them exactly.
+//
+// Storage types (issue 15): every kernel is a template of T = float, half
+// or bfloat, the type of q, k, v and o (host names flash_fwd_{f32,f16,bf16}
+// _hd{HD}); K and V are staged as T, converted to float32 fragments as they
+// are loaded; S, P, m, l and O are float32; o is rounded to T once.
 //
 // Online softmax (FlashAttention-2): m = running max (starts at -FLT_MAX, so
 // the weight of a masked -inf score is 0 and never NaN), l = running sum, O
@@ -34,11 +39,11 @@
 
 #include "flash_device.h"
 
-template <int HD>
-kernel void flash_fwd(device const float* q [[buffer(0)]],
-                      device const float* k [[buffer(1)]],
-                      device const float* v [[buffer(2)]],
-                      device float* o [[buffer(3)]],
+template <int HD, class T>
+kernel void flash_fwd(device const T* q [[buffer(0)]],
+                      device const T* k [[buffer(1)]],
+                      device const T* v [[buffer(2)]],
+                      device T* o [[buffer(3)]],  // float partial_o with split-KV
                       device float* lse [[buffer(4)]],
                       constant FlashParams& p [[buffer(5)]],
                       constant FlashScoreParams& sp [[buffer(6)]],
@@ -51,8 +56,8 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
                       uint sg [[simdgroup_index_in_threadgroup]]) {
     const int BK = FA_STAGE(HD);
     const int LD = FA_LD(HD);
-    FA_TG_ARRAY(float, Ks, FA_STAGE(HD) * FA_LD(HD));
-    FA_TG_ARRAY(float, Vs, FA_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(T, Ks, FA_STAGE(HD) * FA_LD(HD));
+    FA_TG_ARRAY(T, Vs, FA_STAGE(HD) * FA_LD(HD));
     FA_TG_ARRAY(int, Flags, FA_SIMDGROUPS);
 
     const int DC = FA_FWD_DCHUNK(HD);
@@ -87,7 +92,7 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
         row_end = min(row_end, group_end);
     }
 
-    FaRowFragments<HD, FA_FWD_Q_IN_REGISTERS(HD)> Q;
+    FaRowFragments<HD, FA_FWD_Q_IN_REGISTERS(HD), T> Q;
     Q.load(row.valid ? q + fa_offset(p.q.b, p.q.t, p.q.h, b, row.t, row.h) : nullptr, at.col, p.D,
            p.scale);
 
@@ -109,8 +114,8 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
     const FaScoreMods mods =
         fa_score_mods_of(sp, alibi, b, row.valid ? row.h : 0, fa_long(row.t) * sp.mask_i);
 
-    device const float* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
-    device const float* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);
+    device const T* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
+    device const T* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);
     for (int j0 = group_begin; j0 < group_end; j0 += BK) {
         const int n = min(BK, group_end - j0);
         // Nobody may still be reading the previous block.
@@ -133,7 +138,7 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
             FA_UNROLL
             for (int d8 = 0; d8 < HD / 8; ++d8) {
                 fa_frag kt;
-                simdgroup_load(kt, Ks + k8 * 8 * LD + d8 * 8, ulong(LD), ulong2(0, 0), true);
+                fa_load_tile(kt, Ks + k8 * 8 * LD + d8 * 8, LD, true, lane);
                 simdgroup_multiply_accumulate(S[k8], Q.frag(d8), kt, S[k8]);
             }
         }
@@ -177,7 +182,7 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
             O[d8].thread_elements()[1] *= factor;
         }
         if (exact) {
-            fa_masked_accumulate(O, S, Vs + c0, LD, at, j0, row_begin, row_end);
+            fa_masked_accumulate(O, S, Vs + c0, LD, at, j0, row_begin, row_end, 1.0f);
             continue;
         }
         FA_UNROLL
@@ -185,7 +190,7 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
             FA_UNROLL
             for (int k8 = 0; k8 < BK / 8; ++k8) {
                 fa_frag vf;
-                simdgroup_load(vf, Vs + k8 * 8 * LD + c0 + d8 * 8, ulong(LD));
+                fa_load_tile(vf, Vs + k8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
                 simdgroup_multiply_accumulate(O[d8], S[k8], vf, O[d8]);
             }
         }
@@ -196,21 +201,19 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
     // is not 0, so NaN reaches o and lse.
     const float inv = l == 0.0f ? 0.0f : 1.0f / l;
     const float row_lse = l == 0.0f ? -INFINITY : m + log(l);
-    device float* out;
     fa_long lse_at;
-    if (p.kv_splits > 1) {  // this chunk's partial result, contiguous (splits, B, Tq, H, D)
+    if (p.kv_splits > 1) {
+        // This chunk's partial result, float32 whatever T (the merge rounds
+        // once), contiguous (splits, B, Tq, H, D): the plan binds float
+        // scratch at buffer(3).
         const fa_long rows = fa_long(p.B) * p.Tq * p.H;
-        out = o + split * rows * p.D + ((fa_long(b) * p.Tq + row.t) * p.H + row.h) * p.D;
+        device float* part = reinterpret_cast<device float*>(o) + split * rows * p.D +
+                             ((fa_long(b) * p.Tq + row.t) * p.H + row.h) * p.D;
+        fa_store_row(part, O, c0, at.col, p.D, inv);
         lse_at = split * rows + (fa_long(b) * p.H + row.h) * p.Tq + row.t;
     } else {
-        out = o + fa_offset(p.o.b, p.o.t, p.o.h, b, row.t, row.h);
+        fa_store_row(o + fa_offset(p.o.b, p.o.t, p.o.h, b, row.t, row.h), O, c0, at.col, p.D, inv);
         lse_at = (fa_long(b) * p.H + row.h) * p.Tq + row.t;
-    }
-    FA_UNROLL
-    for (int d8 = 0; d8 < DC / 8; ++d8) {
-        const int c = c0 + d8 * 8 + at.col;
-        if (fa_head_full || c < p.D) out[c] = O[d8].thread_elements()[0] * inv;
-        if (fa_head_full || c + 1 < p.D) out[c + 1] = O[d8].thread_elements()[1] * inv;
     }
     // One lane per row of the first column chunk writes the row's lse
     // (lanes ^1, ^8, ^9 share it; every chunk computed the same m and l).
@@ -220,15 +223,17 @@ kernel void flash_fwd(device const float* q [[buffer(0)]],
 // The split-KV merge: o = sum_s exp(lse_s - lse) o_s with lse = log sum_s
 // exp(lse_s), from the chunks' partial results. One SIMD group per (b, h, t)
 // row, lane s holding chunk s; a row no chunk saw gets o = 0, lse = -inf.
-kernel void flash_fwd_merge_f32(device const float* partial_o [[buffer(0)]],
-                                device const float* partial_lse [[buffer(1)]],
-                                device float* o [[buffer(2)]],
-                                device float* lse [[buffer(3)]],
-                                constant FlashParams& p [[buffer(4)]],
-                                uint3 grid_pos [[threadgroup_position_in_grid]],
-                                uint tid [[thread_index_in_threadgroup]],
-                                uint lane [[thread_index_in_simdgroup]],
-                                uint sg [[simdgroup_index_in_threadgroup]]) {
+// The partials are float32; o is written in the input's type T.
+template <class T>
+kernel void flash_fwd_merge(device const float* partial_o [[buffer(0)]],
+                            device const float* partial_lse [[buffer(1)]],
+                            device T* o [[buffer(2)]],
+                            device float* lse [[buffer(3)]],
+                            constant FlashParams& p [[buffer(4)]],
+                            uint3 grid_pos [[threadgroup_position_in_grid]],
+                            uint tid [[thread_index_in_threadgroup]],
+                            uint lane [[thread_index_in_simdgroup]],
+                            uint sg [[simdgroup_index_in_threadgroup]]) {
     (void)tid;
     const uint3 pos = fa_group_position(grid_pos, p);
     const fa_long rows = fa_long(p.B) * p.H * p.Tq;
@@ -248,7 +253,7 @@ kernel void flash_fwd_merge_f32(device const float* partial_o [[buffer(0)]],
     const float inv = top == -INFINITY ? 0.0f : 1.0f / total;
 
     const fa_long part_at = ((fa_long(b) * p.Tq + t) * p.H + h) * p.D;
-    device float* out = o + fa_offset(p.o.b, p.o.t, p.o.h, b, t, h);
+    device T* out = o + fa_offset(p.o.b, p.o.t, p.o.h, b, t, h);
     for (int d0 = 0; d0 < p.D; d0 += FA_SIMD_WIDTH) {
         const int d = d0 + int(lane);
         float acc = 0.0f;
@@ -257,14 +262,20 @@ kernel void flash_fwd_merge_f32(device const float* partial_o [[buffer(0)]],
             const float x = d < p.D ? partial_o[fa_long(s) * rows * p.D + part_at + d] : 0.0f;
             acc = fma(ws, x, acc);
         }
-        if (d < p.D) out[d] = acc * inv;
+        if (d < p.D) out[d] = T(acc * inv);
     }
 }
 
-#define FA_INSTANTIATE_FWD(HD)                                                              \
-    template FA_HOST_NAME("flash_fwd_f32_hd" #HD) kernel void flash_fwd<HD>(               \
-        device const float*, device const float*, device const float*, device float*,       \
-        device float*, constant FlashParams&, constant FlashScoreParams&, device const float*, \
+#define FA_INSTANTIATE_FWD(NAME, T, HD)                                                     \
+    template FA_HOST_NAME("flash_fwd_" #NAME "_hd" #HD) kernel void flash_fwd<HD, T>(      \
+        device const T*, device const T*, device const T*, device T*, device float*,        \
+        constant FlashParams&, constant FlashScoreParams&, device const float*,              \
         device const uchar*, device const float*, uint3, uint, uint, uint);
+#define FA_INSTANTIATE_FWD_TYPES(HD) FA_STORAGE_TYPES(FA_INSTANTIATE_FWD, HD)
+FA_HEAD_BUCKETS(FA_INSTANTIATE_FWD_TYPES)
 
-FA_HEAD_BUCKETS(FA_INSTANTIATE_FWD)
+#define FA_INSTANTIATE_MERGE(NAME, T, UNUSED)                                                \
+    template FA_HOST_NAME("flash_fwd_merge_" #NAME) kernel void flash_fwd_merge<T>(        \
+        device const float*, device const float*, device T*, device float*,                  \
+        constant FlashParams&, uint3, uint, uint, uint);
+FA_STORAGE_TYPES(FA_INSTANTIATE_MERGE, 0)

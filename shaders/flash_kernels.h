@@ -14,6 +14,12 @@
 // threadgroup memory. X is applied to each bucket.
 #define FA_HEAD_BUCKETS(X) X(32) X(64) X(96) X(128) X(256)
 
+// The storage types of q, k, v, o, do and the gradients (issue 15): X(name,
+// type, arg) for each, name being the host names' dtype part (flash_fwd_f16_
+// hd64) and arg passed through (a head-size bucket). bfloat needs MSL 3.1
+// (the metallib is built with -std=metal3.1).
+#define FA_STORAGE_TYPES(X, arg) X(f32, float, arg) X(f16, half, arg) X(bf16, bfloat, arg)
+
 // The bucket a head size runs in; 0 when D is out of range.
 FA_INLINE fa_int fa_head_bucket(fa_int D) {
     return D < 1 ? 0 : D <= 32 ? 32 : D <= 64 ? 64 : D <= 96 ? 96 : D <= 128 ? 128 : D <= 256 ? 256 : 0;
@@ -87,6 +93,15 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // stays in registers only if every index is a compile-time constant.
 #ifndef FA_UNROLL
 #define FA_UNROLL _Pragma("clang loop unroll(full)")
+#endif
+
+// For the small wrappers around simdgroup functions in the tile loops:
+// inlined first, as a call of simdgroup_load itself is, before the loops
+// around it are unrolled. (A plain `inline` wrapper of simdgroup_load,
+// inlined later, changed the gate proxy's register allocation: dQ hd64
+// went from 117 VGPRs to 128 and spills.) MLX's METAL_FUNC is the same.
+#ifndef FA_ALWAYS_INLINE
+#define FA_ALWAYS_INLINE inline __attribute__((always_inline))
 #endif
 
 // host_name on an explicit template instantiation: clang's C++ parser

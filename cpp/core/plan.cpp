@@ -34,6 +34,15 @@ const char* slot_name(Slot s) {
     return "?";
 }
 
+const char* kernel_dtype(DType dtype) {
+    switch (dtype) {
+        case DType::f32: return "f32";
+        case DType::f16: return "f16";
+        case DType::bf16: return "bf16";
+    }
+    throw std::invalid_argument("kernel_dtype: unknown dtype " + std::to_string(int(dtype)));
+}
+
 namespace {
 
 uint32_t blocks(int64_t rows, int64_t per_block) {
@@ -93,7 +102,7 @@ const Dim3 kTiled{FA_THREADS, 1, 1};
 
 }  // namespace
 
-Plan plan_forward(const FlashParams& p) {
+Plan plan_forward(const FlashParams& p, DType dtype) {
     check_shape("plan_forward", p);
     const int bucket = bucket_of("plan_forward", p);
     Plan plan;
@@ -102,7 +111,8 @@ Plan plan_forward(const FlashParams& p) {
     const uint32_t row_blocks = blocks(int64_t(p.group) * plan.params.rows_per_head, FA_BLOCK_ROWS);
     const int32_t splits = kv_splits(p, row_blocks);
     plan.params.kv_splits = splits;
-    const std::string name = "flash_fwd_f32_hd" + std::to_string(bucket);
+    const std::string dt = kernel_dtype(dtype);
+    const std::string name = "flash_fwd_" + dt + "_hd" + std::to_string(bucket);
     const uint32_t chunks = uint32_t(bucket / FA_FWD_DCHUNK(bucket));
     const Dim3 grid{row_blocks, uint32_t(p.Hkv) * chunks, uint32_t(p.B) * uint32_t(splits)};
     if (splits == 1) {
@@ -112,7 +122,8 @@ Plan plan_forward(const FlashParams& p) {
                                        grid, kTiled, head_constants(p, bucket)});
         return plan;
     }
-    // Each chunk's normalised o and lse, then their exact merge.
+    // Each chunk's normalised o (float32 whatever the dtype) and lse, then
+    // their exact merge, which writes o in the dtype.
     const int64_t rows = int64_t(p.B) * p.H * p.Tq;
     plan.scratch.push_back({Slot::partial_o, splits * rows * p.D});
     plan.scratch.push_back({Slot::partial_lse, splits * rows});
@@ -121,7 +132,7 @@ Plan plan_forward(const FlashParams& p) {
         {Slot::q, Slot::k, Slot::v, Slot::partial_o, Slot::partial_lse, Slot::params, Slot::score,
          Slot::alibi, Slot::mask, Slot::sinks},
         grid, kTiled, head_constants(p, bucket)});
-    plan.launches.push_back(Launch{"flash_fwd_merge_f32",
+    plan.launches.push_back(Launch{"flash_fwd_merge_" + dt,
                                    {Slot::partial_o, Slot::partial_lse, Slot::o, Slot::lse, Slot::params},
                                    Dim3{blocks(rows, FA_MERGE_ROWS_PER_GROUP), 1, 1},
                                    Dim3{FA_MERGE_ROWS_PER_GROUP * FA_SIMD_WIDTH, 1, 1},
@@ -129,17 +140,18 @@ Plan plan_forward(const FlashParams& p) {
     return plan;
 }
 
-Plan plan_backward(const FlashParams& p) {
+Plan plan_backward(const FlashParams& p, DType dtype) {
     check_shape("plan_backward", p);
     const int bucket = bucket_of("plan_backward", p);
-    const std::string suffix = "_f32_hd" + std::to_string(bucket);
+    const std::string dt = kernel_dtype(dtype);
+    const std::string suffix = "_" + dt + "_hd" + std::to_string(bucket);
     Plan plan;
     plan.params = p;
     plan.params.rows_per_head = rows_per_head(p);
     plan.params.kv_splits = 1;
     plan.scratch.push_back({Slot::delta, int64_t(p.B) * p.H * p.Tq});
     plan.launches.push_back(Launch{
-        "flash_bwd_preprocess_f32",
+        "flash_bwd_preprocess_" + dt,
         {Slot::dout, Slot::o, Slot::delta, Slot::params},
         Dim3{blocks(p.Tq, FA_PREPROCESS_THREADS), uint32_t(p.H), uint32_t(p.B)},
         Dim3{FA_PREPROCESS_THREADS, 1, 1},
@@ -159,7 +171,7 @@ Plan plan_backward(const FlashParams& p) {
     const int dkdv_bucket = p.score_mods != 0 && bucket < 64 ? 64 : bucket;
     const uint32_t chunks = uint32_t(dkdv_bucket / FA_DKDV_DCHUNK(dkdv_bucket));
     plan.launches.push_back(Launch{
-        "flash_bwd_dkdv_f32_hd" + std::to_string(dkdv_bucket),
+        "flash_bwd_dkdv_" + dt + "_hd" + std::to_string(dkdv_bucket),
         {Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse, Slot::delta, Slot::dk, Slot::dv,
          Slot::params, Slot::score, Slot::alibi, Slot::mask, Slot::sinks},
         Dim3{blocks(p.Tk, FA_BLOCK_ROWS), uint32_t(p.Hkv) * chunks, uint32_t(p.B)},

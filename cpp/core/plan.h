@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
 #include "flash_params.h"
 
 namespace flashattn {
@@ -61,7 +62,13 @@ struct Plan {
     std::vector<Scratch> scratch;  // what the launches bind besides the call's arrays
 };
 
-Plan plan_forward(const FlashParams& p);
-Plan plan_backward(const FlashParams& p);
+// `dtype` is the storage type of q, k, v, o, do and the gradients: it
+// picks the kernels' instantiation (flash_fwd_f16_hd64, ...); lse, delta
+// and the split-KV partials are float32 whatever it is.
+Plan plan_forward(const FlashParams& p, DType dtype = DType::f32);
+Plan plan_backward(const FlashParams& p, DType dtype = DType::f32);
+
+// The kernels' name for a storage type: "f32", "f16", "bf16" (FA_STORAGE_TYPES).
+const char* kernel_dtype(DType dtype);
 
 }  // namespace flashattn

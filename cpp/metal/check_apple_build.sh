@@ -4,7 +4,7 @@
 # stand-in `xcrun` that records the Metal compiler commands instead of running
 # them), builds every static library including flashattn_metal (.mm files as
 # Objective-C++ with ARC), and checks that
-#   - each shaders/*.metal is compiled with -fno-fast-math, the safe-math
+#   - each shaders/*.metal is compiled with -std=metal3.1 (bfloat), -fno-fast-math, the safe-math
 #     flags the configure-time probe found, and the same minimum macOS as the
 #     extension, and linked into one flashattn.metallib;
 #   - FLASHATTN_METAL: with a Metal compiler that rejects the safe-math flags
@@ -79,7 +79,7 @@ log="$work/xcrun.log"
 for shader in "$repo"/shaders/*.metal; do
   line=$(grep -F -- "-c $shader " "$log" || true)
   [ -n "$line" ] || { fail "$(basename "$shader") was not compiled"; continue; }
-  for flag in -fno-fast-math -fmetal-math-mode=safe -fmetal-math-fp32-functions=precise \
+  for flag in -std=metal3.1 -fno-fast-math -fmetal-math-mode=safe -fmetal-math-fp32-functions=precise \
               -mmacosx-version-min=14.0 -Wall -Wextra; do
     case " $line " in *" $flag "*) ;; *) fail "$(basename "$shader") compiled without $flag";; esac
   done

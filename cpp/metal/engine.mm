@@ -31,6 +31,10 @@ public:
     // The kernels apply every score option, both ways; Call stages their arrays.
     int score_mods_supported(bool) const override { return kEveryScoreMod; }
 
+    // float32, float16 and bfloat16 kernels (shaders' FA_STORAGE_TYPES;
+    // bfloat needs MSL 3.1, which the metallib is built for: macOS 14).
+    bool dtype_supported(DType) const override { return true; }
+
     OutputBuffer allocate(size_t bytes) override { return allocate_bytes(bytes); }
 
     // Every entry point that calls Objective-C runs in an autorelease pool:

@@ -60,10 +60,12 @@ struct TransferStats {
     }
 };
 
-// The shape of a (B, T, heads, D) tensor as the kernels see it.
+// The shape of a (B, T, heads, D) tensor as the kernels see it, and its
+// element size in bytes (the call's dtype; lse is float32 always).
 struct Tensor4 {
     int64_t B, T, heads, D;
     FlashStrides strides;
+    size_t elem = sizeof(float);
 
     int64_t elements() const { return B * T * heads * D; }
     FlashStrides contiguous() const { return {T * heads * D, heads * D, D}; }
@@ -88,13 +90,15 @@ struct Tensor4 {
         return s > 0 && s <= elements();
     }
 
-    void copy_compact(const float* src, float* dst) const {
+    void copy_compact(const void* src, void* dst) const {
+        const char* from = static_cast<const char*>(src);
+        char* to = static_cast<char*>(dst);
         for (int64_t b = 0; b < B; ++b)
             for (int64_t t = 0; t < T; ++t)
                 for (int64_t h = 0; h < heads; ++h)
-                    std::memcpy(dst + ((b * T + t) * heads + h) * D,
-                                src + b * strides.b + t * strides.t + h * strides.h,
-                                size_t(D) * sizeof(float));
+                    std::memcpy(to + size_t((b * T + t) * heads + h) * size_t(D) * elem,
+                                from + size_t(b * strides.b + t * strides.t + h * strides.h) * elem,
+                                size_t(D) * elem);
     }
 };
 
@@ -170,34 +174,33 @@ public:
         bool bound = false;
     };
 
-    // The call's arrays as float32: the metal engine takes no other dtype
-    // yet (Engine::dtype_supported; run_forward refuses the others).
-    static const float* f32(const void* p) { return static_cast<const float*>(p); }
-    static float* f32(void* p) { return static_cast<float*>(p); }
-
+    // q, k, v, o, do and the gradients are of the call's dtype (es bytes
+    // each); lse is float32.
     static CallBuffers forward(Pool& pool, const FlashParams& p, const ForwardIO& io) {
         CallBuffers c(pool, p);
-        c.input(Slot::q, f32(io.q), {p.B, p.Tq, p.H, p.D, p.q}, &c.params_.q);
-        c.input(Slot::k, f32(io.k), {p.B, p.Tk, p.Hkv, p.D, p.k}, &c.params_.k);
-        c.input(Slot::v, f32(io.v), {p.B, p.Tk, p.Hkv, p.D, p.v}, &c.params_.v);
-        c.output(Slot::o, f32(io.o), int64_t(p.B) * p.Tq * p.H * p.D);
-        c.output(Slot::lse, io.lse, lse_elements(p));
+        const size_t es = dtype_size(io.dtype);
+        c.input(Slot::q, io.q, {p.B, p.Tq, p.H, p.D, p.q, es}, &c.params_.q);
+        c.input(Slot::k, io.k, {p.B, p.Tk, p.Hkv, p.D, p.k, es}, &c.params_.k);
+        c.input(Slot::v, io.v, {p.B, p.Tk, p.Hkv, p.D, p.v, es}, &c.params_.v);
+        c.output(Slot::o, io.o, int64_t(p.B) * p.Tq * p.H * p.D, es);
+        c.output(Slot::lse, io.lse, lse_elements(p), sizeof(float));
         c.score_inputs(p, io.score);
         return c;
     }
 
     static CallBuffers backward(Pool& pool, const FlashParams& p, const BackwardIO& io) {
         CallBuffers c(pool, p);
-        c.input(Slot::dout, f32(io.dout), {p.B, p.Tq, p.H, p.D, p.dout}, &c.params_.dout);
-        c.input(Slot::q, f32(io.q), {p.B, p.Tq, p.H, p.D, p.q}, &c.params_.q);
-        c.input(Slot::k, f32(io.k), {p.B, p.Tk, p.Hkv, p.D, p.k}, &c.params_.k);
-        c.input(Slot::v, f32(io.v), {p.B, p.Tk, p.Hkv, p.D, p.v}, &c.params_.v);
-        c.input(Slot::o, f32(io.o), {p.B, p.Tq, p.H, p.D, p.o}, &c.params_.o);
+        const size_t es = dtype_size(io.dtype);
+        c.input(Slot::dout, io.dout, {p.B, p.Tq, p.H, p.D, p.dout, es}, &c.params_.dout);
+        c.input(Slot::q, io.q, {p.B, p.Tq, p.H, p.D, p.q, es}, &c.params_.q);
+        c.input(Slot::k, io.k, {p.B, p.Tk, p.Hkv, p.D, p.k, es}, &c.params_.k);
+        c.input(Slot::v, io.v, {p.B, p.Tk, p.Hkv, p.D, p.v, es}, &c.params_.v);
+        c.input(Slot::o, io.o, {p.B, p.Tq, p.H, p.D, p.o, es}, &c.params_.o);
         // lse is (B, H, Tq) C-contiguous (checked by make_backward_params).
-        c.input(Slot::lse, io.lse, {1, 1, 1, lse_elements(p), {0, 0, 0}}, nullptr);
-        c.output(Slot::dq, f32(io.dq), int64_t(p.B) * p.Tq * p.H * p.D);
-        c.output(Slot::dk, f32(io.dk), int64_t(p.B) * p.Tk * p.Hkv * p.D);
-        c.output(Slot::dv, f32(io.dv), int64_t(p.B) * p.Tk * p.Hkv * p.D);
+        c.input(Slot::lse, io.lse, {1, 1, 1, lse_elements(p), {0, 0, 0}, sizeof(float)}, nullptr);
+        c.output(Slot::dq, io.dq, int64_t(p.B) * p.Tq * p.H * p.D, es);
+        c.output(Slot::dk, io.dk, int64_t(p.B) * p.Tk * p.Hkv * p.D, es);
+        c.output(Slot::dv, io.dv, int64_t(p.B) * p.Tk * p.Hkv * p.D, es);
         c.score_inputs(p, io.score);
         return c;
     }
@@ -234,19 +237,18 @@ public:
     // After the GPU has finished: outputs computed outside their arrays are
     // copied to them. The pooled buffers return to the pool when this object dies.
     void finish() {
-        for (const CopyBack& c : copy_backs_)
-            std::memcpy(c.to, c.from, size_t(c.n) * sizeof(float));
+        for (const CopyBack& c : copy_backs_) std::memcpy(c.to, c.from, c.bytes);
         copy_backs_.clear();
     }
 
 private:
     struct CopyBack {
-        const float* from;
-        float* to;
-        int64_t n;
+        const void* from;
+        void* to;
+        size_t bytes;
     };
     struct Staged {  // an input already wrapped or copied in this call (e.g. q, k, v one array)
-        const float* src;
+        const void* src;
         Tensor4 shape;
         Binding binding;
         bool compact;  // copied compactly: its strides changed
@@ -302,12 +304,12 @@ private:
 
     // `strides` (in params_) is replaced by compact strides when the input is
     // copied compactly; the other paths keep them.
-    void input(Slot s, const float* src, const Tensor4& t, FlashStrides* strides) {
+    void input(Slot s, const void* src, const Tensor4& t, FlashStrides* strides) {
         if (!src) throw std::runtime_error(std::string("metal: no array for input ") + slot_name(s));
         const int64_t span = t.span();
-        const size_t bytes = span > 0 ? size_t(span) * sizeof(float) : 0;
+        const size_t bytes = span > 0 ? size_t(span) * t.elem : 0;
         if (span > 0) {
-            if (auto where = pool_->find(src, bytes); where && where->offset % alignof(float) == 0) {
+            if (auto where = pool_->find(src, bytes); where && where->offset % t.elem == 0) {
                 bind(s, where->handle, where->offset);
                 transfers_.inputs_in_place += 1;
                 return;
@@ -330,42 +332,42 @@ private:
         }
         const bool compact = !t.copy_span();
         const int64_t n = compact ? t.elements() : span;
-        LeasePtr lease = pool_->acquire(size_t(n) * sizeof(float));
+        LeasePtr lease = pool_->acquire(size_t(n) * t.elem);
         if (compact) {
-            t.copy_compact(src, static_cast<float*>(lease->data));
+            t.copy_compact(src, lease->data);
             if (strides) *strides = t.contiguous();
         } else {
-            std::memcpy(lease->data, src, size_t(n) * sizeof(float));
+            std::memcpy(lease->data, src, size_t(n) * t.elem);
         }
         bind(s, lease->handle, 0);
         remember(src, t, s, compact);
         transfers_.input_copies += 1;
-        transfers_.input_copy_bytes += uint64_t(n) * sizeof(float);
+        transfers_.input_copy_bytes += uint64_t(n) * t.elem;
         leases_.push_back(std::move(lease));
     }
 
-    void remember(const float* src, const Tensor4& t, Slot s, bool compact) {
+    void remember(const void* src, const Tensor4& t, Slot s, bool compact) {
         staged_.push_back(Staged{src, t, slots_[size_t(s)], compact});
     }
 
-    void output(Slot s, float* dst, int64_t n) {
+    void output(Slot s, void* dst, int64_t n, size_t elem) {
         if (!dst) throw std::runtime_error(std::string("metal: no array for output ") + slot_name(s));
-        if (auto where = pool_->find(dst, size_t(n) * sizeof(float));
-            where && where->offset % alignof(float) == 0) {
+        const size_t bytes = size_t(n) * elem;
+        if (auto where = pool_->find(dst, bytes); where && where->offset % elem == 0) {
             bind(s, where->handle, where->offset);
             transfers_.outputs_in_place += 1;
             return;
         }
-        LeasePtr lease = pool_->acquire(size_t(n) * sizeof(float));
+        LeasePtr lease = pool_->acquire(bytes);
         bind(s, lease->handle, 0);
-        copy_backs_.push_back(CopyBack{static_cast<const float*>(lease->data), dst, n});
+        copy_backs_.push_back(CopyBack{lease->data, dst, bytes});
         transfers_.output_copies += 1;
-        transfers_.output_copy_bytes += uint64_t(n) * sizeof(float);
+        transfers_.output_copy_bytes += uint64_t(bytes);
         leases_.push_back(std::move(lease));
     }
 
     static bool same_view(const Tensor4& a, const Tensor4& b) {
-        return a.B == b.B && a.T == b.T && a.heads == b.heads && a.D == b.D &&
+        return a.B == b.B && a.T == b.T && a.heads == b.heads && a.D == b.D && a.elem == b.elem &&
                a.strides.b == b.strides.b && a.strides.t == b.strides.t &&
                a.strides.h == b.strides.h;
     }
@@ -400,7 +402,7 @@ template <class Pool, class Execute>
 TransferStats run_staged_forward(Pool& pool, const FlashParams& p, const ForwardIO& io,
                                  Execute&& execute) {
     CallBuffers<Pool> call = CallBuffers<Pool>::forward(pool, p, io);
-    Plan plan = plan_forward(call.params());
+    Plan plan = plan_forward(call.params(), io.dtype);
     return run_staged(std::move(call), std::move(plan), execute);
 }
 
@@ -408,7 +410,7 @@ template <class Pool, class Execute>
 TransferStats run_staged_backward(Pool& pool, const FlashParams& p, const BackwardIO& io,
                                   Execute&& execute) {
     CallBuffers<Pool> call = CallBuffers<Pool>::backward(pool, p, io);
-    Plan plan = plan_backward(call.params());
+    Plan plan = plan_backward(call.params(), io.dtype);
     return run_staged(std::move(call), std::move(plan), execute);
 }
 

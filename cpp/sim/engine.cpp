@@ -24,13 +24,16 @@ class MetalSimEngine final : public Engine {
 public:
     std::string name() const override { return "metal-sim"; }
 
+    // The kernels come in every storage type (shaders' FA_STORAGE_TYPES).
+    bool dtype_supported(DType) const override { return true; }
+
     // The kernels apply every score option, both ways.
     int score_mods_supported(bool) const override {
         return kEveryScoreMod;
     }
 
     void forward(const FlashParams& p, const ForwardIO& io) override {
-        Plan plan = plan_forward(p);
+        Plan plan = plan_forward(p, io.dtype);
         plan.score = io.score.params;
         sim::SlotPointers slots{};
         bind_score_arrays(slots, p, io.score, io.q);
@@ -43,7 +46,7 @@ public:
     }
 
     void backward(const FlashParams& p, const BackwardIO& io) override {
-        Plan plan = plan_backward(p);
+        Plan plan = plan_backward(p, io.dtype);
         plan.score = io.score.params;
         sim::SlotPointers slots{};
         bind_score_arrays(slots, p, io.score, io.q);

@@ -27,14 +27,20 @@ namespace {
 std::vector<Kernel> build_table() {
     std::vector<Kernel> t;
     // The names are the host_name strings of the .metal instantiations.
-    t.push_back(make_kernel("flash_bwd_preprocess_f32", &flash_bwd_preprocess_f32));
-    t.push_back(make_kernel("flash_fwd_merge_f32", &flash_fwd_merge_f32));
-#define FA_SIM_REGISTER(HD)                                                       \
-    t.push_back(make_kernel("flash_fwd_f32_hd" #HD, &flash_fwd<HD>));             \
-    t.push_back(make_kernel("flash_bwd_dq_f32_hd" #HD, &flash_bwd_dq<HD>));       \
-    t.push_back(make_kernel("flash_bwd_dkdv_f32_hd" #HD, &flash_bwd_dkdv<HD>));
-    FA_HEAD_BUCKETS(FA_SIM_REGISTER)
+    // Every storage type (FA_STORAGE_TYPES: f32, f16, bf16) of every kernel.
+#define FA_SIM_REGISTER_TYPE(NAME, T, UNUSED)                                                    \
+    t.push_back(make_kernel("flash_bwd_preprocess_" #NAME, &flash_bwd_preprocess<T>));        \
+    t.push_back(make_kernel("flash_fwd_merge_" #NAME, &flash_fwd_merge<T>));
+    FA_STORAGE_TYPES(FA_SIM_REGISTER_TYPE, 0)
+#define FA_SIM_REGISTER(NAME, T, HD)                                                            \
+    t.push_back(make_kernel("flash_fwd_" #NAME "_hd" #HD, &flash_fwd<HD, T>));                \
+    t.push_back(make_kernel("flash_bwd_dq_" #NAME "_hd" #HD, &flash_bwd_dq<HD, T>));          \
+    t.push_back(make_kernel("flash_bwd_dkdv_" #NAME "_hd" #HD, &flash_bwd_dkdv<HD, T>));
+#define FA_SIM_REGISTER_TYPES(HD) FA_STORAGE_TYPES(FA_SIM_REGISTER, HD)
+    FA_HEAD_BUCKETS(FA_SIM_REGISTER_TYPES)
+#undef FA_SIM_REGISTER_TYPES
 #undef FA_SIM_REGISTER
+#undef FA_SIM_REGISTER_TYPE
     return t;
 }
 

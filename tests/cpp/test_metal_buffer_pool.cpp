@@ -259,6 +259,67 @@ void test_stage_host_inputs() {
     CHECK(!call.binding(Slot::dq).bound && !call.binding(Slot::delta).bound);
 }
 
+// A float16 call (issue 15): 2-byte elements copied compactly, spans,
+// offsets and copy-backs counted in bytes of the dtype; lse stays float32.
+void test_stage_half_inputs() {
+    auto pool = HostPool::create(HostBackend{}, kPage, 1 << 30);
+    const int64_t B = 2, Tq = 5, Tk = 7, H = 4, Hkv = 2, D = 3;
+    std::vector<uint16_t> qkv(B * Tq * 3 * H * D), k(B * Tk * Hkv * D), v(k.size());
+    for (size_t i = 0; i < qkv.size(); ++i) qkv[i] = uint16_t(i);
+    for (size_t i = 0; i < k.size(); ++i) k[i] = uint16_t(1000 + i), v[i] = uint16_t(3000 + i);
+    const std::vector<int64_t> q_strides = {Tq * 3 * H * D, 3 * H * D, D, 1};
+    const std::vector<int64_t> kv_shape = {B, Tk, Hkv, D};
+    TensorView qv{qkv.data(), {B, Tq, H, D}, q_strides}, kv{k.data(), kv_shape, contiguous(kv_shape)};
+    qv.dtype = kv.dtype = DType::f16;
+    FlashParams p = make_forward_params(qv, kv, kv, {});
+    std::vector<uint16_t> o(B * Tq * H * D, 0);
+    std::vector<float> lse(B * H * Tq, 0.0f);
+    ForwardIO io{qkv.data(), k.data(), v.data(), o.data(), lse.data()};
+    io.dtype = DType::f16;
+
+    auto call = CallBuffers<HostPool>::forward(*pool, p, io);
+    const TransferStats& t = call.transfers();
+    CHECK(t.input_copies == 3);
+    CHECK(t.input_copy_bytes == uint64_t(B * Tq * H * D + 2 * k.size()) * 2);
+    const FlashParams& cp = call.params();
+    CHECK(cp.q.b == Tq * H * D && cp.q.t == H * D && cp.q.h == D);
+    const auto* qd = reinterpret_cast<const uint16_t*>(
+        static_cast<const char*>(call.binding(Slot::q).handle->data) + call.binding(Slot::q).offset);
+    bool q_ok = true;
+    for (int64_t b = 0; b < B; ++b)
+        for (int64_t i = 0; i < Tq; ++i)
+            for (int64_t h = 0; h < H; ++h)
+                for (int64_t d = 0; d < D; ++d)
+                    q_ok &= qd[((b * Tq + i) * H + h) * D + d] ==
+                            qkv[b * q_strides[0] + i * q_strides[1] + h * D + d];
+    CHECK(q_ok);
+    CHECK(std::memcmp(call.binding(Slot::v).handle->data, v.data(), v.size() * 2) == 0);
+
+    auto* od = static_cast<uint16_t*>(call.binding(Slot::o).handle->data);
+    auto* ld = static_cast<float*>(call.binding(Slot::lse).handle->data);
+    for (size_t i = 0; i < o.size(); ++i) od[i] = uint16_t(7 + i);
+    for (size_t i = 0; i < lse.size(); ++i) ld[i] = -float(i);
+    call.finish();
+    CHECK(o[0] == 7 && o.back() == uint16_t(7 + o.size() - 1));
+    CHECK(lse.back() == -float(lse.size() - 1));
+    CHECK(t.output_copy_bytes == uint64_t(o.size() * 2 + lse.size() * 4));
+
+    // Pool memory in place: offsets in bytes of 2-byte elements.
+    const std::vector<int64_t> shape = {1, 6, 3, 5}, packed_strides = {6 * 3 * 3 * 5, 3 * 3 * 5, 5, 1};
+    auto packed = pool->acquire(size_t(6 * 3 * 3 * 5) * 2);
+    auto* base = static_cast<uint16_t*>(packed->data);
+    TensorView pq{base, shape, packed_strides}, pk{base + 15, shape, packed_strides};
+    pq.dtype = pk.dtype = DType::f16;
+    FlashParams pp = make_forward_params(pq, pk, pk, {});
+    std::vector<uint16_t> o2(6 * 3 * 5);
+    std::vector<float> lse2(18);
+    ForwardIO io2{base, base + 15, base + 30, o2.data(), lse2.data()};
+    io2.dtype = DType::f16;
+    auto call2 = CallBuffers<HostPool>::forward(*pool, pp, io2);
+    CHECK(call2.transfers().inputs_in_place == 3 && call2.transfers().input_copies == 0);
+    CHECK(call2.binding(Slot::k).offset == 30 && call2.binding(Slot::v).offset == 60);
+}
+
 void test_stage_same_array_copied_once() {
     auto pool = HostPool::create(HostBackend{}, kPage, 1 << 30);
     const std::vector<int64_t> shape = {1, 9, 2, 4};
@@ -429,6 +490,7 @@ int main() {
     test_lease_outlives_pool();
     test_threads();
     test_stage_host_inputs();
+    test_stage_half_inputs();
     test_stage_same_array_copied_once();
     test_stage_pool_arrays_in_place();
     test_stage_pool_arrays_that_must_be_copied();

@@ -136,10 +136,13 @@ int main() {
         int found = 0;
         for (const char* name : {"flash_fwd_f32_hd32", "flash_fwd_f32_hd256", "flash_bwd_dq_f32_hd96",
                                  "flash_bwd_dkdv_f32_hd128", "flash_bwd_preprocess_f32",
-                                 "flash_fwd_merge_f32"})
+                                 "flash_fwd_merge_f32", "flash_fwd_f16_hd64", "flash_bwd_dq_bf16_hd256",
+                                 "flash_bwd_dkdv_f16_hd32", "flash_bwd_preprocess_bf16",
+                                 "flash_fwd_merge_f16"})
             found += find_kernel(name) != nullptr;
-        CHECK(found == 6);
-        CHECK(kernels().size() == 2 + 5 * 3);  // preprocess, merge; 5 buckets x (fwd, dq, dkdv)
+        CHECK(found == 11);
+        // 3 storage types x (preprocess, merge; 5 buckets x (fwd, dq, dkdv))
+        CHECK(kernels().size() == 3 * (2 + 5 * 3));
         CHECK(find_kernel("flash_fwd_f32_hd48") == nullptr);
     }
     return flashattn_test::finish("test_sim_launcher");

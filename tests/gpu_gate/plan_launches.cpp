@@ -1,7 +1,7 @@
 // Prints how the plan launches each kernel, one line per distinct
 // (kernel, threads per threadgroup, function constants), over plans for
 // every head size and a spread of shapes (decode with split keys, GQA,
-// ragged lengths):
+// ragged lengths), in every storage type (f32, f16, bf16):
 //   <kernel> <threads> <index>=<bits>,...   (or "-" for no constants)
 // threads is 0 for a threadgroup that is not one-dimensional (the gate
 // rejects it). The gate compiles each kernel with exactly the launch bound
@@ -39,8 +39,10 @@ std::string describe(const Launch& l) {
 
 int main() {
     std::set<std::string> lines;
-    auto note = [&](const Plan& plan) {
-        for (const Launch& l : plan.launches) lines.insert(describe(l));
+    // Every storage type (issue 15) plans the same launches under its own names.
+    auto plan = [&](Plan (*make)(const FlashParams&, DType), const FlashParams& p) {
+        for (DType dt : {DType::f32, DType::f16, DType::bf16})
+            for (const Launch& l : make(p, dt).launches) lines.insert(describe(l));
     };
     const int lengths[][2] = {{1, 4096}, {4, 4096}, {32, 4096}, {113, 203}, {300, 300}, {1024, 1024}};
     const int heads[][2] = {{1, 1}, {4, 1}, {8, 1}, {8, 2}};
@@ -49,18 +51,18 @@ int main() {
             for (const auto& h : heads)
                 for (int B : {1, 2}) {
                     const FlashParams p = shape(B, t[0], t[1], h[0], h[1], D);
-                    note(plan_forward(p));
-                    note(plan_backward(p));
+                    plan(plan_forward, p);
+                    plan(plan_backward, p);
                 }
     // Every score option at once (issue 16): the heaviest variant of each kernel.
     for (int D = 1; D <= 256; ++D) {
         FlashParams p = shape(2, 113, 203, 8, 2, D);
         p.score_mods = FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_FLOAT | FA_SCORE_SINKS;
-        note(plan_forward(p));
-        note(plan_backward(p));
+        plan(plan_forward, p);
+        plan(plan_backward, p);
         p.score_mods = FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_BOOL | FA_SCORE_SINKS;
-        note(plan_forward(p));
-        note(plan_backward(p));
+        plan(plan_forward, p);
+        plan(plan_backward, p);
     }
     for (const std::string& line : lines) std::printf("%s\n", line.c_str());
     return 0;

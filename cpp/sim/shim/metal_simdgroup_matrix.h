@@ -11,6 +11,7 @@
 
 #include <cmath>
 #include <stdexcept>
+#include <type_traits>
 
 #include "metal_types.h"
 #include "sim/runtime.h"
@@ -62,6 +63,11 @@ simdgroup_matrix<T, C, R> make_filled_simdgroup_matrix(T value) {
 template <class T, class P>
 void simdgroup_load(simdgroup_matrix<T, 8, 8>& d, P src, unsigned long elements_per_row = 8,
                     ulong2 matrix_origin = ulong2(0, 0), bool transpose_matrix = false) {
+#ifndef FA_SIM_STRICT_ADDRESS_SPACES
+    // As in MSL, the matrix's element type is the memory's: no conversion.
+    static_assert(std::is_same<typename std::remove_cv<typename std::remove_pointer<P>::type>::type, T>::value,
+                  "simdgroup_load: the pointer's element type must be the matrix's");
+#endif
     const auto at = simdgroup_detail::coord(::fa_sim::simd_lane());
     for (unsigned i = 0; i < 2; ++i) {
         const unsigned long r = transpose_matrix ? at.col + i : at.row;

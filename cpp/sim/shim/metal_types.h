@@ -18,6 +18,12 @@ using half = __fp16;
 using half = _Float16;
 #endif
 
+#ifdef FA_SIM_STRICT_ADDRESS_SPACES
+// The syntax-only strict mode: clang's own bfloat16 type (clang 17+), which
+// converts from an object in any address space as MSL's bfloat does (a
+// struct's conversion operator would want its object in the generic one).
+using bfloat = __bf16;
+#else
 // bfloat16: the upper half of a float32. Conversions round to nearest even
 // and keep NaN a NaN, as Apple's hardware conversion does.
 struct bfloat {
@@ -40,6 +46,7 @@ struct bfloat {
         return uint16_t((u + rounding) >> 16);
     }
 };
+#endif
 
 // vec<T, N>: element access by .x .y .z .w and by [i]; componentwise
 // arithmetic. 4-byte alignment for float vectors, so they also serve as the
