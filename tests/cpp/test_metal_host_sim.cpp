@@ -20,6 +20,7 @@
 
 #include "check.h"
 #include "core/engine.h"
+#include "core/half.h"
 #include "core/params.h"
 #include "core/score_arrays.h"
 #include "engines/factories.h"
@@ -63,6 +64,7 @@ public:
     }
     std::string name() const override { return "metal host on metal-sim"; }
     int score_mods_supported(bool) const override { return kEveryScoreMod; }
+    bool dtype_supported(DType) const override { return true; }  // as the metal engine
     OutputBuffer allocate(size_t bytes) override {
         auto lease = pool->acquire(bytes);
         return {lease->data, lease};
@@ -107,15 +109,15 @@ std::vector<float> random_vector(size_t n, std::mt19937& rng) {
     return x;
 }
 
-bool same_bits(const float* a, const float* b, size_t n) {
-    return std::memcmp(a, b, n * sizeof(float)) == 0;
+bool same_bits(const void* a, const void* b, size_t bytes) {
+    return std::memcmp(a, b, bytes) == 0;
 }
 
 int cases_run = 0;
 
 // Forward and backward of one call on both engines; then the mask's path.
 void run_case(const Shape& s, const MaskCase* m, int alibi_kind, bool sinks, float softcap,
-              bool can_wrap) {
+              bool can_wrap, DType dt = DType::f32) {
     static const std::unique_ptr<Engine> sim = make_metal_sim_engine();
     Engine& sim_engine = *sim;
     HostOnSim host(can_wrap);
@@ -124,17 +126,28 @@ void run_case(const Shape& s, const MaskCase* m, int alibi_kind, bool sinks, flo
     // q, k, v, do in pool buffers: bound in place, so the counters below count
     // only the score options' arrays.
     std::vector<OutputBuffer> keep;  // the pool buffers of this case
-    auto in_pool = [&](const std::vector<float>& x) {
-        float* b = host.floats(x.size(), keep);
-        std::memcpy(b, x.data(), x.size() * sizeof(float));
-        return static_cast<const float*>(b);
+    const size_t es = dtype_size(dt);
+    auto in_pool = [&](const std::vector<float>& x) {  // in the call's dtype
+        keep.push_back(host.allocate(x.size() * es));
+        auto* b = static_cast<unsigned char*>(keep.back().data);
+        for (size_t i = 0; i < x.size(); ++i) {
+            const uint16_t h = dt == DType::f16 ? from_float<Half>(x[i]).bits
+                                                : from_float<BFloat16>(x[i]).bits;
+            if (dt == DType::f32) std::memcpy(b + i * 4, &x[i], 4);
+            else std::memcpy(b + i * 2, &h, 2);
+        }
+        return static_cast<const float*>(static_cast<const void*>(b));
+    };
+    auto out_pool = [&](size_t n) {  // n elements of the call's dtype
+        keep.push_back(host.allocate(n * es));
+        return static_cast<float*>(keep.back().data);
     };
     const float *q = in_pool(random_vector(size_t(nq), rng)),
                 *k = in_pool(random_vector(size_t(nkv), rng)),
                 *v = in_pool(random_vector(size_t(nkv), rng)),
                 *dout = in_pool(random_vector(size_t(nq), rng));
-    auto view4 = [](const float* d, int64_t B, int64_t T, int64_t H, int64_t D) {
-        return TensorView{d, {B, T, H, D}, {T * H * D, H * D, D, 1}};
+    auto view4 = [&](const float* d, int64_t B, int64_t T, int64_t H, int64_t D) {
+        return TensorView{d, {B, T, H, D}, {T * H * D, H * D, D, 1}, dt};
     };
     AttentionOptions opt;
     opt.causal = s.causal;
@@ -186,23 +199,24 @@ void run_case(const Shape& s, const MaskCase* m, int alibi_kind, bool sinks, flo
     const std::string label = std::string(m ? m->name : "no mask") + " alibi=" +
                               std::to_string(alibi_kind) + (sinks ? " sinks" : "") +
                               (softcap > 0 ? " softcap" : "") + (can_wrap ? " (wrap)" : "") +
+                              " " + dtype_name(dt) +
                               " B=" + std::to_string(s.B) + " Tq=" + std::to_string(s.Tq) +
                               " Tk=" + std::to_string(s.Tk);
 
     // Forward on both.
     std::vector<float> o_sim(static_cast<size_t>(nq)), lse_sim(static_cast<size_t>(lse_elements(p)));
-    run_forward(sim_engine, p, {q, k, v, o_sim.data(), lse_sim.data(), score});
-    float* o = host.floats(size_t(nq), keep);
+    run_forward(sim_engine, p, {q, k, v, o_sim.data(), lse_sim.data(), score, dt});
+    float* o = out_pool(size_t(nq));
     float* lse = host.floats(size_t(lse_elements(p)), keep);
-    run_forward(host, p, {q, k, v, o, lse, score});
+    run_forward(host, p, {q, k, v, o, lse, score, dt});
     const TransferStats fwd = host.last;
-    const bool fwd_ok = same_bits(o, o_sim.data(), o_sim.size()) &&
-                        same_bits(lse, lse_sim.data(), lse_sim.size());
+    const bool fwd_ok = same_bits(o, o_sim.data(), size_t(nq) * es) &&
+                        same_bits(lse, lse_sim.data(), lse_sim.size() * sizeof(float));
     CHECK(fwd_ok);
 
     // Backward on both, from the same forward.
     const TensorView o_view = view4(o, s.B, s.Tq, s.H, s.D);
-    const TensorView lse_view{lse, {s.B, s.H, s.Tq}, {int64_t(s.H) * s.Tq, s.Tq, 1}};
+    const TensorView lse_view{lse, {s.B, s.H, s.Tq}, {int64_t(s.H) * s.Tq, s.Tq, 1}, DType::f32};
     FlashParams pb = make_backward_params(view4(dout, s.B, s.Tq, s.H, s.D),
                                           view4(q, s.B, s.Tq, s.H, s.D),
                                           view4(k, s.B, s.Tk, s.Hkv, s.D),
@@ -214,18 +228,19 @@ void run_case(const Shape& s, const MaskCase* m, int alibi_kind, bool sinks, flo
     BackwardIO bio{dout, q, k, v, o, lse, g_sim[0].data(), g_sim[1].data(), g_sim[2].data(),
                    score_b};
     bio.dsinks = sinks ? ds_sim.data() : nullptr;
+    bio.dtype = dt;
     run_backward(sim_engine, pb, bio);
-    float* dq = host.floats(size_t(nq), keep);
-    float* dk = host.floats(size_t(nkv), keep);
-    float* dv = host.floats(size_t(nkv), keep);
+    float* dq = out_pool(size_t(nq));
+    float* dk = out_pool(size_t(nkv));
+    float* dv = out_pool(size_t(nkv));
     bio.dq = dq, bio.dk = dk, bio.dv = dv;
     bio.dsinks = sinks ? ds_host.data() : nullptr;
     run_backward(host, pb, bio);
     const TransferStats bwd = host.last;
-    const bool bwd_ok = same_bits(dq, g_sim[0].data(), g_sim[0].size()) &&
-                        same_bits(dk, g_sim[1].data(), g_sim[1].size()) &&
-                        same_bits(dv, g_sim[2].data(), g_sim[2].size()) &&
-                        same_bits(ds_host.data(), ds_sim.data(), ds_sim.size());
+    const bool bwd_ok = same_bits(dq, g_sim[0].data(), size_t(nq) * es) &&
+                        same_bits(dk, g_sim[1].data(), size_t(nkv) * es) &&
+                        same_bits(dv, g_sim[2].data(), size_t(nkv) * es) &&
+                        same_bits(ds_host.data(), ds_sim.data(), ds_sim.size() * sizeof(float));
     CHECK(bwd_ok);
 
     // What crossed: every array but the score options' is a pool buffer.
@@ -305,6 +320,11 @@ int main() {
     const MaskCase decode_mask{"bool (Tk,) decode", true, {0, 0, 0, 1}, 0, 600, MaskCase::host, 600, false};
     run_case(decode, &decode_mask, 2, true, 30.0f, false);
     run_case(decode, &decode_mask, 1, true, 0.0f, true);
+    // float16 and bfloat16 calls: q, k, v, o and the gradients of 2 bytes
+    // staged beside float32 score arrays.
+    run_case(s, &masks[1], 2, true, 5.0f, false, DType::f16);
+    run_case(s, &masks[3], 3, true, 0.0f, true, DType::bf16);
+    run_case(decode, &decode_mask, 1, true, 30.0f, false, DType::bf16);
     std::printf("%d cases\n", cases_run);
     return flashattn_test::finish("test_metal_host_sim");
 }
