@@ -109,7 +109,10 @@ kernel void flash_fwd(device const T* q [[buffer(0)]],
         l = 1.0f;
     }
 
-    const FaScoreMods mods = fa_score_mods_of(sp, alibi, b, row.h, fa_long(row.t) * sp.mask_i);  // used only with options
+    // Used only with options. A row past the group's heads (row.valid false)
+    // takes head 0's: its own slope would be read past the end of the array.
+    const FaScoreMods mods =
+        fa_score_mods_of(sp, alibi, b, row.valid ? row.h : 0, fa_long(row.t) * sp.mask_i);
 
     device const T* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
     device const T* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);

@@ -50,16 +50,8 @@ struct ModsEpilogue {
 
     template <int MR, int NV>
     void apply(vf (&c)[MR][NV]) const {
-        if (!mods) return;
-        const vi lane = simd::iota();
-#pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r)
-#pragma GCC unroll 16
-            for (int v = 0; v < NV; ++v) {
-                const int32_t diff = int32_t(query0 + v * W + mods->offset - (key0 + r));
-                c[r][v] = mods->apply(c[r][v], lane + diff,
-                                      bias ? bias + r * ld + v * W : nullptr, nullptr);
-            }
+        // Lane l of c[r][v] is query query0 + v W + l against key key0 + r.
+        if (mods) mods->apply(c, int32_t(query0 + mods->offset - key0), bias, nullptr, ld);
     }
     ModsEpilogue at(int m, int n) const {
         return {mods, key0 + m, query0 + n, bias ? bias + m * ld + n : nullptr, ld};

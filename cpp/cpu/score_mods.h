@@ -10,60 +10,70 @@
 #error "include cpu/isa_begin.h first"
 #endif
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
 
 namespace flashattn::cpu::FLASHATTN_CPU_ISA {
 
 using simd::vi;
 
-// a / b for b in [1, 2] (tanh's denominator): on x86 the hardware's
-// reciprocal estimate and one Newton step (about 1 ulp of 1 / b), where a
-// division would cost several times the rest of the softcap.
-inline vf divide_near_1(vf a, vf b) {
+// a / b for finite b >= 1: on x86 the hardware's reciprocal estimate r
+// (14 bits on AVX-512, 12 on AVX2) and one correction of the quotient,
+// a r + r (a - b (a r)) (about 1 ulp), where a division would cost several
+// times the rest of the softcap.
+inline vf divide(vf a, vf b) {
 #if defined(FLASHATTN_SIMD_AVX512)
-    vf r = _mm512_rcp14_ps(b);
+    const vf r = _mm512_rcp14_ps(b);
 #elif defined(FLASHATTN_SIMD_AVX2)
     vf r = _mm256_rcp_ps(b);
+    r = r * simd::fma(-b, r, simd::splat(2.0f));  // 12 bits are too few for one correction
 #else
     return a / b;
 #endif
 #if defined(FLASHATTN_SIMD_AVX512) || defined(FLASHATTN_SIMD_AVX2)
-    r = r * simd::fma(-b, r, simd::splat(2.0f));  // r (2 - b r): one Newton step
-    // a r, then one correction of the quotient: a r + r (a - b (a r)).
     const vf qt = a * r;
     return simd::fma(r, simd::fma(-b, qt, a), qt);
 #endif
 }
 
-// softcap * tanh(s / softcap) to about 4 ulps of tanh (|error| < 1.6e-7),
-// as -m / (2 + m) with m = expm1(-2|x|), x = s / softcap: one exponential
-// and one division. expm1 is 2^y - 1 with y = -2|x| log2(e) split as n + f
-// (|f| <= 1/2): m = 2^n (2^f - 1) + (2^n - 1), and 2^f - 1 is the
-// polynomial of simd::exp2_poly without its constant 1, so m keeps its
-// relative accuracy as x goes to 0 (no 1 - e cancels). y is capped at -60,
-// where tanh is 1 in float; a NaN passes the cap (max returns its second
-// operand then) and stays NaN. k = 2 log2(e) / softcap.
-inline vf softcap_tanh(vf s, float softcap, float k) {
-    const vi sign = simd::float_to_bits(s) & (vi{} + int32_t(0x80000000u));
-    const vf y = simd::max(simd::splat(-60.0f),
-                           simd::bits_to_float(simd::float_to_bits(s * simd::splat(k)) |
-                                               (vi{} + int32_t(0x80000000u))));  // -|x| 2 log2(e)
-    // Adding 1.5 * 2^23 rounds y to the integer n, which lands in t's low bits.
-    const vf magic = simd::splat(12582912.0f);
-    const vf t = y + magic;
-    const vf f = y - (t - magic);
-    vf q = simd::splat(1.5337585e-4f);
-    q = simd::fma(q, f, simd::splat(1.3399870e-3f));
-    q = simd::fma(q, f, simd::splat(9.6185198e-3f));
-    q = simd::fma(q, f, simd::splat(5.5503290e-2f));
-    q = simd::fma(q, f, simd::splat(2.4022646e-1f));
-    q = simd::fma(q, f, simd::splat(6.9314718e-1f));
-    q = q * f;  // 2^f - 1
-    const vf scale = simd::bits_to_float(
-        ((simd::float_to_bits(t) - simd::float_to_bits(magic)) + 127) << 23);  // 2^n
-    const vf m = simd::fma(scale, q, scale - simd::splat(1.0f));
-    const vf th = divide_near_1(-m, simd::splat(2.0f) + m);  // 2 + m is in (1, 2]
-    return simd::bits_to_float(simd::float_to_bits(th * simd::splat(softcap)) | sign);
+inline vi abs(vi d) {
+#if defined(FLASHATTN_SIMD_AVX512)
+    return (vi)_mm512_abs_epi32((__m512i)d);
+#elif defined(FLASHATTN_SIMD_AVX2)
+    return (vi)_mm256_abs_epi32((__m256i)d);
+#else
+    const vi sign = d >> 31;
+    return (d ^ sign) - sign;
+#endif
+}
+
+// tanh(x) to about 6 ulps (|relative error| < 3.3e-7), as x P(x^2) / Q(x^2)
+// with x clamped to [-9, 9], beyond which tanh is 1 in float: P and Q of
+// degree 4, the minimax fit of tanh's relative error on [0, 9] (a
+// differential-correction fit in float64, coefficients rounded to float).
+// Eight fmas and one division, where exp-based forms need an exponential,
+// its range reduction and a division, and lose tanh's relative accuracy
+// near 0 unless they use expm1. Odd, so the sign of x (and of 0) is kept;
+// NaN stays NaN (min and max return their second operand, x, for it).
+inline vf tanh(vf x) {
+#if defined(FLASHATTN_SIMD_AVX512)
+    x = _mm512_range_ps(x, simd::splat(9.0f), 0x2);  // min(|x|, 9), x's sign; NaN stays
+#else
+    x = simd::min(simd::splat(9.0f), simd::max(simd::splat(-9.0f), x));
+#endif
+    const vf u = x * x;
+    vf p = simd::splat(1.3354153e-8f);
+    p = simd::fma(p, u, simd::splat(2.0608701e-5f));
+    p = simd::fma(p, u, simd::splat(3.4955644e-3f));
+    p = simd::fma(p, u, simd::splat(1.3381005e-1f));
+    p = simd::fma(p, u, simd::splat(9.9999998e-1f));
+    vf q = simd::splat(7.7763460e-7f);
+    q = simd::fma(q, u, simd::splat(3.2855964e-4f));
+    q = simd::fma(q, u, simd::splat(2.5876891e-2f));
+    q = simd::fma(q, u, simd::splat(4.6714321e-1f));
+    q = simd::fma(q, u, simd::splat(1.0f));
+    return divide(x * p, q);  // q >= 1
 }
 
 // What happens to the scores of one (batch, head) between the gemm and the
@@ -73,7 +83,7 @@ inline vf softcap_tanh(vf s, float softcap, float k) {
 //   s = s + bias(i, j)                     (the mask, as a tile of 0 / -inf / values)
 struct ScoreMods {
     bool active = false;  // any of the three: else the scores pass untouched
-    float softcap = 0.0f, softcap_k = 0.0f;  // softcap_k = 2 log2(e) / softcap
+    float softcap = 0.0f, inv_softcap = 0.0f;
     bool alibi = false;
     float neg_slope = 0.0f;
     int32_t offset = 0;  // Tk - Tq: query i sits at key position i + offset
@@ -81,8 +91,11 @@ struct ScoreMods {
     static ScoreMods of(const FlashParams& p, const ScoreInputs& in, int64_t b, int64_t h) {
         ScoreMods m;
         m.offset = p.Tk - p.Tq;
+        // (1 / softcap is capped so that a denormal softcap cannot make
+        // 0 * inf = NaN of a zero score.)
         if (p.score_mods & FA_SCORE_SOFTCAP)
-            m.softcap = in.params.softcap, m.softcap_k = 2.0f * kLog2e / in.params.softcap;
+            m.softcap = in.params.softcap,
+            m.inv_softcap = std::min(1.0f / in.params.softcap, std::numeric_limits<float>::max());
         if (p.score_mods & FA_SCORE_ALIBI)
             m.alibi = true, m.neg_slope = -in.alibi_slopes[b * in.params.alibi_b + h];
         m.active = (p.score_mods & (FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_BOOL |
@@ -90,23 +103,42 @@ struct ScoreMods {
         return m;
     }
 
-    // W scores whose lanes have p - j = diff; bias: W mask entries or null;
-    // dcap (backward): where d(softcap(s))/ds goes, or null.
-    vf apply(vf s, simd::vi diff, const float* bias, float* dcap) const {
+    // The options on an MR x NV register block of scores, one option at a
+    // time over the whole block (a test per block, not per vector). The
+    // forward (rows: keys, lanes: queries) and the backward (rows: queries,
+    // lanes: keys) both number the block so that lane l of c[r][v] has
+    // |p - j| = |base + v W + l - r|. bias: the mask entries, c[r][v]'s at
+    // bias + r ld + v W, or null; dcap (backward): where
+    // d(softcap tanh(s / softcap))/ds = 1 - tanh^2 goes, laid out like bias, or null.
+    template <int MR, int NV>
+    void apply(vf (&c)[MR][NV], int32_t base, const float* bias, float* dcap, int64_t ld) const {
         if (softcap > 0.0f) {
-            s = softcap_tanh(s, softcap, softcap_k);
-            if (dcap) {  // d/ds softcap tanh(s / softcap) = 1 - tanh^2
-                const vf t = s * simd::splat(1.0f / softcap);
-                simd::store(dcap, simd::fma(-t, t, simd::splat(1.0f)));
-            }
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+                for (int v = 0; v < NV; ++v) {
+                    const vf t = tanh(c[r][v] * simd::splat(inv_softcap));
+                    c[r][v] = t * simd::splat(softcap);
+                    if (dcap) simd::store(dcap + r * ld + v * W, simd::fma(-t, t, simd::splat(1.0f)));
+                }
         }
         if (alibi) {
-            const vf d = __builtin_convertvector(diff, vf);
-            const vf dist = simd::select(d < simd::splat(0.0f), -d, d);
-            s = simd::fma(simd::splat(neg_slope), dist, s);
+            const vi lanes = simd::iota() + base;
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+                for (int v = 0; v < NV; ++v) {
+                    const vi d = abs(lanes + (v * W - r));  // |p - j|
+                    c[r][v] = simd::fma(simd::splat(neg_slope), __builtin_convertvector(d, vf),
+                                        c[r][v]);
+                }
         }
-        if (bias) s += simd::load(bias);
-        return s;
+        if (bias) {
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+                for (int v = 0; v < NV; ++v) c[r][v] += simd::load(bias + r * ld + v * W);
+        }
     }
 };
 

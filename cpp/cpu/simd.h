@@ -110,11 +110,12 @@ inline vi in_range(vi index, int lo, int hi) {
     return (index >= (vi{} + lo)) & (index < (vi{} + hi));
 }
 
-// 2^x to about 1 ulp for x <= 127 (up to 128 it gives at most 2^128); exactly
-// 0 for x <= -160 and for -inf (masked scores), so masked entries contribute
-// nothing; between, as small as float goes (denormals, then 0). IEEE at the
-// ends: NaN stays NaN and x >= 128 (+inf included) gives +inf, so a NaN or
-// inf score reaches its row's output instead of vanishing.
+// 2^x to about 1 ulp for floor <= x <= 127 (up to 128 it gives at most
+// 2^128); exactly 0 below floor (at most -125, so never a denormal: every
+// gemm use of one costs a microcode assist) and for -inf (masked scores), so
+// masked entries contribute nothing. IEEE at the top: NaN stays NaN and
+// x >= 128 (+inf included) gives +inf, so a NaN or inf score reaches its
+// row's output instead of vanishing.
 // Relative-error least-squares fit of 2^f on [-0.5, 0.5]: error < 1e-7. (A
 // function, not a lambda in exp2: Clang's target pragma skips lambdas.)
 inline vf exp2_poly(vf f) {
@@ -127,13 +128,16 @@ inline vf exp2_poly(vf f) {
     return fma(p, f, splat(1.0f));
 }
 
-inline vf exp2(vf x) {
+inline vf exp2(vf x, float floor = -125.0f) {
     const vf in = x;
 #if defined(FLASHATTN_SIMD_AVX512)
-    // scalef computes p * 2^n with correct underflow to denormals and 0.
+    // p * 2^n by scalef, 0 below the floor (scalef alone would give
+    // denormals: they made ALiBi, whose far keys weigh next to nothing, 3x
+    // slower).
     x = min(max(x, splat(-160.0f)), splat(127.0f));
     const vf n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    const vf r = _mm512_scalef_ps(exp2_poly(x - n), n);
+    const vf r = _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, splat(floor), _CMP_GE_OQ),
+                                        exp2_poly(x - n), n);
 #else
     x = min(max(x, splat(-127.0f)), splat(127.0f));
 #if defined(FLASHATTN_SIMD_NEON)
@@ -150,7 +154,7 @@ inline vf exp2(vf x) {
 #endif
     vf r = bits_to_float(float_to_bits(exp2_poly(x - n)) + e);
     // Below 2^-125 the exponent arithmetic would leave the normal range.
-    r = bits_to_float(float_to_bits(r) & (x >= splat(-125.0f)));
+    r = bits_to_float(float_to_bits(r) & (x >= splat(floor)));
 #endif
     // The clamps above dropped NaN and +inf: in + inf restores both.
     return select(in < splat(128.0f), r, in + splat(kInf));

@@ -22,10 +22,6 @@
 namespace flashattn::metal {
 namespace {
 
-// The score options' arrays: bound only when the call has them (the metal
-// engine applies no score option yet, so today never).
-bool optional_slot(Slot s) { return s == Slot::alibi || s == Slot::mask || s == Slot::sinks; }
-
 std::string describe(NSError* error) {
     if (!error) return "no error information";
     NSString* text = error.localizedDescription;
@@ -261,11 +257,9 @@ void Device::execute(const Plan& plan, const Call& call) {
                 "metal: kernel '" + launch.kernel + "' asks for " + std::to_string(threads) +
                 " threads per threadgroup; this device allows " +
                 std::to_string(state.maxTotalThreadsPerThreadgroup) + " for it");
-        for (const Slot slot : launch.buffers)
-            if (slot != Slot::params && slot != Slot::score && !optional_slot(slot) &&
-                !call.binding(slot).bound)
-                throw std::runtime_error("metal: kernel '" + launch.kernel + "' binds '" +
-                                         slot_name(slot) + "', which this call has no buffer for");
+        for (size_t index = 0; index < launch.buffers.size(); ++index)
+            if (launch.buffers[index] != Slot::params && launch.buffers[index] != Slot::score)
+                (void)call.buffer_for(launch, index);  // throws when the call has no buffer there
         pipelines[i] = state;
     }
     const Schedule schedule = schedule_plan(plan, work_model_from_env());
@@ -313,13 +307,10 @@ void Device::execute(const Plan& plan, const Call& call) {
                         [encoder setBytes:&params length:sizeof(FlashParams) atIndex:index];
                     } else if (slot == Slot::score) {
                         [encoder setBytes:&plan.score length:sizeof(FlashScoreParams) atIndex:index];
-                    } else if (optional_slot(slot) && !call.binding(slot).bound) {
-                        // An option the call does not use: the kernel reads
-                        // nothing there, but Metal wants a buffer bound.
-                        const Call::Binding& any = call.binding(launch.buffers[0]);
-                        [encoder setBuffer:any.handle offset:any.offset atIndex:index];
                     } else {
-                        const Call::Binding& bound = call.binding(slot);
+                        // A score array the call does not use is bound to
+                        // the launch's first buffer (staging.h, buffer_for).
+                        const Call::Binding& bound = call.buffer_for(launch, index);
                         [encoder setBuffer:bound.handle offset:bound.offset atIndex:index];
                     }
                 }

@@ -1,6 +1,7 @@
-// The metal engine: binds a call's arrays to pool buffers (in place or by one
-// copy, see staging.h), turns the call into a Plan and has the device execute
-// it. Outputs are pool buffers whose owner returns them to the pool.
+// The metal engine: binds a call's arrays, the score options' included, to
+// pool buffers (in place or by one copy), turns the call into a Plan with
+// the staged strides and score values (staging.h's run_staged_*) and has the
+// device execute it. Outputs are pool buffers whose owner returns them to the pool.
 #import <Metal/Metal.h>
 
 #include <unistd.h>
@@ -9,6 +10,7 @@
 #include <mutex>
 #include <new>
 
+#include "core/score_arrays.h"
 #include "engines/factories.h"
 #include "metal/device.h"
 #include "metal/metal_engine.h"
@@ -25,6 +27,9 @@ public:
                              default_cache_limit(device_->device()))) {}
 
     std::string name() const override { return "metal"; }
+
+    // The kernels apply every score option, both ways; Call stages their arrays.
+    int score_mods_supported(bool) const override { return kEveryScoreMod; }
 
     // float32, float16 and bfloat16 kernels (shaders' FA_STORAGE_TYPES;
     // bfloat needs MSL 3.1, which the metallib is built for: macOS 14).
@@ -59,17 +64,21 @@ public:
     }
     size_t set_cache_limit(size_t bytes) override { return pool_->set_cache_limit(bytes); }
 
+    // Staging, planning, scratch and copy-back are staging.h's run_staged_*
+    // (tests run them under metal-sim); the device encodes the plan and waits.
     void forward(const FlashParams& p, const ForwardIO& io) override {
         with_autorelease_pool([&] {
-            Call call = Call::forward(*pool_, p, io);
-            run(plan_forward(call.params(), io.dtype), call);
+            record(run_staged_forward(*pool_, p, io, [&](const Plan& plan, const Call& call) {
+                device_->execute(plan, call);
+            }));
         });
     }
 
     void backward(const FlashParams& p, const BackwardIO& io) override {
         with_autorelease_pool([&] {
-            Call call = Call::backward(*pool_, p, io);
-            run(plan_backward(call.params(), io.dtype), call);
+            record(run_staged_backward(*pool_, p, io, [&](const Plan& plan, const Call& call) {
+                device_->execute(plan, call);
+            }));
         });
     }
 
@@ -84,13 +93,9 @@ private:
         return size_t(device.recommendedMaxWorkingSetSize / 4);
     }
 
-    void run(const Plan& plan, Call& call) {
-        for (const Scratch& s : plan.scratch)
-            if (s.floats > 0) call.scratch(s.slot, s.floats);
-        device_->execute(plan, call);
-        call.finish();
+    void record(const TransferStats& t) {
         std::lock_guard<std::mutex> lock(transfers_mu_);
-        transfers_.add(call.transfers());
+        transfers_.add(t);
     }
 
     std::unique_ptr<Device> device_;

@@ -11,6 +11,10 @@
 //      view with gaps, whose span exceeds its elements, or with a negative
 //      stride, is copied compactly (its strides in the call's FlashParams
 //      changed to match).
+// The score options' arrays (core/score_arrays.h: ALiBi slopes, the mask,
+// sinks) take the same three paths as views of one or four axes, bool or
+// float32 elements; a compact copy keeps a broadcast axis broadcast (stride
+// 0), so a mask costs the memory it spans or holds, never B·H·Tq·Tk.
 // An output outside the pool is computed into a pooled buffer and copied back
 // after the GPU has finished. Only arrays the caller passed are ever copied,
 // each at most once per call: nothing of size T².
@@ -26,6 +30,7 @@
 #include "core/engine.h"
 #include "core/params.h"
 #include "core/plan.h"
+#include "core/score_arrays.h"
 #include "flash_params.h"
 
 namespace flashattn::metal {
@@ -97,6 +102,66 @@ struct Tensor4 {
     }
 };
 
+// What a score array (core/score_arrays.h) spans and holds.
+struct ScoreSpan {
+    // Elements from the first to one past the last, when no axis longer
+    // than 1 has a negative stride; -1 otherwise (such a view is copied compactly).
+    static int64_t span(const ScoreArray& a) {
+        int64_t last = 0;
+        for (int d = 0; d < a.ndim; ++d) {
+            if (a.shape[d] == 1) continue;
+            if (a.strides[d] < 0) return -1;
+            last += (a.shape[d] - 1) * a.strides[d];
+        }
+        return last + 1;
+    }
+
+    // The distinct elements a compact copy holds: broadcast axes (stride 0)
+    // and axes of length 1 count once.
+    static int64_t held(const ScoreArray& a) {
+        int64_t n = 1;
+        for (int d = 0; d < a.ndim; ++d)
+            if (a.strides[d] != 0) n *= a.shape[d];
+        return n;
+    }
+
+    // The strides of the compact copy: C order over the axes that are held,
+    // 0 on the others.
+    static ScoreArray compact(const ScoreArray& a) {
+        ScoreArray c = a;
+        int64_t step = 1;
+        for (int d = a.ndim; d-- > 0;) {
+            const bool kept = a.shape[d] > 1 && a.strides[d] != 0;
+            c.strides[d] = kept ? step : 0;
+            if (kept) step *= a.shape[d];
+        }
+        return c;
+    }
+
+    // Copies the held elements of `a` to dst in the layout of compact(a).
+    static void copy_compact(const ScoreArray& a, void* dst) {
+        const ScoreArray c = compact(a);
+        int64_t n[4] = {1, 1, 1, 1}, s[4] = {0, 0, 0, 0}, t[4] = {0, 0, 0, 0};
+        for (int d = 0; d < a.ndim; ++d) {  // right-aligned in four axes; broadcast ones once
+            const int at = 4 - a.ndim + d;
+            n[at] = c.strides[d] != 0 ? a.shape[d] : 1;
+            s[at] = a.strides[d], t[at] = c.strides[d];
+        }
+        const auto* src = static_cast<const unsigned char*>(a.data);
+        auto* out = static_cast<unsigned char*>(dst);
+        const size_t e = size_t(a.element_bytes);
+        for (int64_t i0 = 0; i0 < n[0]; ++i0)
+            for (int64_t i1 = 0; i1 < n[1]; ++i1)
+                for (int64_t i2 = 0; i2 < n[2]; ++i2) {
+                    const int64_t from = i0 * s[0] + i1 * s[1] + i2 * s[2];
+                    const int64_t to = i0 * t[0] + i1 * t[1] + i2 * t[2];
+                    for (int64_t i3 = 0; i3 < n[3]; ++i3)
+                        std::memcpy(out + size_t(to + i3 * t[3]) * e,
+                                    src + (from + i3 * s[3]) * int64_t(e), e);
+                }
+    }
+};
+
 template <class Pool>
 class CallBuffers {
 public:
@@ -119,6 +184,7 @@ public:
         c.input(Slot::v, io.v, {p.B, p.Tk, p.Hkv, p.D, p.v, es}, &c.params_.v);
         c.output(Slot::o, io.o, int64_t(p.B) * p.Tq * p.H * p.D, es);
         c.output(Slot::lse, io.lse, lse_elements(p), sizeof(float));
+        c.score_inputs(p, io.score);
         return c;
     }
 
@@ -135,6 +201,7 @@ public:
         c.output(Slot::dq, io.dq, int64_t(p.B) * p.Tq * p.H * p.D, es);
         c.output(Slot::dk, io.dk, int64_t(p.B) * p.Tk * p.Hkv * p.D, es);
         c.output(Slot::dv, io.dv, int64_t(p.B) * p.Tk * p.Hkv * p.D, es);
+        c.score_inputs(p, io.score);
         return c;
     }
 
@@ -147,7 +214,24 @@ public:
 
     // The call's parameters, with the strides of copied inputs made compact.
     const FlashParams& params() const { return params_; }
+    // The score options' values, with the mask's and slopes' strides as bound.
+    const FlashScoreParams& score_params() const { return score_; }
     const Binding& binding(Slot s) const { return slots_[size_t(s)]; }
+
+    // What [[buffer(index)]] of `launch` is bound to (Slot::params and
+    // Slot::score go by value, not here): the slot's buffer; for a score
+    // array the call does not use, the launch's first buffer, which the
+    // kernel does not read (Metal wants a buffer at every index). Throws
+    // std::runtime_error when the call has no buffer the kernel reads.
+    const Binding& buffer_for(const Launch& launch, size_t index) const {
+        const Slot s = launch.buffers[index];
+        const Binding& b = binding(s);
+        if (b.bound) return b;
+        if (is_score_slot(s) && !score_slot_used(s, params_.score_mods) && index > 0)
+            return buffer_for(launch, 0);
+        throw std::runtime_error("metal: kernel '" + launch.kernel + "' binds '" + slot_name(s) +
+                                 "', which this call has no buffer for");
+    }
     const TransferStats& transfers() const { return transfers_; }
 
     // After the GPU has finished: outputs computed outside their arrays are
@@ -171,6 +255,48 @@ private:
     };
 
     CallBuffers(Pool& pool, const FlashParams& p) : pool_(&pool), params_(p) {}
+
+    void score_inputs(const FlashParams& p, const ScoreInputs& in) {
+        score_ = in.params;
+        for (const ScoreArray& a : score_arrays(p, in)) score_input(a);
+    }
+
+    // A score array by the three paths, bound at its element [0, ...]; a
+    // compact copy's strides go to score_. Bool masks have no alignment to
+    // keep; float32 arrays are bound at 4-byte offsets.
+    void score_input(const ScoreArray& a) {
+        if (!a.data)
+            throw std::runtime_error(std::string("metal: no array for input ") + slot_name(a.slot));
+        const int64_t span = ScoreSpan::span(a);
+        const size_t bytes = span > 0 ? size_t(span * a.element_bytes) : 0;
+        const size_t align = size_t(a.element_bytes);
+        if (span > 0) {
+            if (auto where = pool_->find(a.data, bytes); where && where->offset % align == 0) {
+                bind(a.slot, where->handle, where->offset);
+                transfers_.inputs_in_place += 1;
+                return;
+            }
+            if (auto wrapped = pool_->wrap(a.data, bytes); wrapped && wrapped->offset % align == 0) {
+                bind(a.slot, wrapped->handle, wrapped->offset);
+                transfers_.inputs_no_copy += 1;
+                transfers_.inputs_no_copy_bytes += bytes;
+                return;
+            }
+        }
+        const bool compact = !(span > 0 && span <= ScoreSpan::held(a));
+        const int64_t n = compact ? ScoreSpan::held(a) : span;
+        LeasePtr lease = pool_->acquire(size_t(n * a.element_bytes));
+        if (compact) {
+            ScoreSpan::copy_compact(a, lease->data);
+            set_strides(score_, ScoreSpan::compact(a));
+        } else {
+            std::memcpy(lease->data, a.data, size_t(n * a.element_bytes));
+        }
+        bind(a.slot, lease->handle, 0);
+        transfers_.input_copies += 1;
+        transfers_.input_copy_bytes += uint64_t(n * a.element_bytes);
+        leases_.push_back(std::move(lease));
+    }
 
     void bind(Slot s, const Handle& handle, size_t offset) {
         slots_[size_t(s)] = Binding{handle, offset, true};
@@ -248,11 +374,44 @@ private:
 
     Pool* pool_;
     FlashParams params_;
+    FlashScoreParams score_{};
     std::array<Binding, kSlotCount> slots_{};
     std::vector<LeasePtr> leases_;
     std::vector<CopyBack> copy_backs_;
     std::vector<Staged> staged_;
     TransferStats transfers_;
 };
+
+// The metal host's steps for one call, in portable C++ so that tests run
+// them under metal-sim (tests/cpp/test_metal_host_sim.cpp): stage the
+// arrays, plan with the staged strides and the score options' values (the
+// plan's function constants come from params.score_mods), bind the plan's
+// scratch, execute(plan, call), then copy the outputs back. Returns what
+// crossed between host and pool memory.
+template <class Pool, class Execute>
+TransferStats run_staged(CallBuffers<Pool> call, Plan plan, Execute&& execute) {
+    plan.score = call.score_params();
+    for (const Scratch& s : plan.scratch)
+        if (s.floats > 0) call.scratch(s.slot, s.floats);
+    execute(static_cast<const Plan&>(plan), static_cast<const CallBuffers<Pool>&>(call));
+    call.finish();
+    return call.transfers();
+}
+
+template <class Pool, class Execute>
+TransferStats run_staged_forward(Pool& pool, const FlashParams& p, const ForwardIO& io,
+                                 Execute&& execute) {
+    CallBuffers<Pool> call = CallBuffers<Pool>::forward(pool, p, io);
+    Plan plan = plan_forward(call.params(), io.dtype);
+    return run_staged(std::move(call), std::move(plan), execute);
+}
+
+template <class Pool, class Execute>
+TransferStats run_staged_backward(Pool& pool, const FlashParams& p, const BackwardIO& io,
+                                  Execute&& execute) {
+    CallBuffers<Pool> call = CallBuffers<Pool>::backward(pool, p, io);
+    Plan plan = plan_backward(call.params(), io.dtype);
+    return run_staged(std::move(call), std::move(plan), execute);
+}
 
 }  // namespace flashattn::metal

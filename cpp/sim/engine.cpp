@@ -4,19 +4,20 @@
 #include <vector>
 
 #include "core/plan.h"
+#include "core/score_arrays.h"
 #include "engines/factories.h"
 #include "sim/launcher.h"
 
 namespace flashattn {
 namespace {
 
-// The score options' arrays; an absent one is bound to `any` (the kernels
-// read none of them without its score_mods bit, as the metal host does).
-void bind_score_arrays(sim::SlotPointers& slots, const ScoreInputs& in, const void* any) {
-    auto or_any = [&](const void* p) { return const_cast<void*>(p ? p : any); };
-    slots[size_t(Slot::alibi)] = or_any(in.alibi_slopes);
-    slots[size_t(Slot::mask)] = or_any(in.mask);
-    slots[size_t(Slot::sinks)] = or_any(in.sinks);
+// The score options' arrays, bound in place as core/score_arrays.h describes
+// them; one the call does not use is bound to `any` (the kernels read none
+// of them without its score_mods bit, as the metal host does).
+void bind_score_arrays(sim::SlotPointers& slots, const FlashParams& p, const ScoreInputs& in,
+                       const void* any) {
+    for (Slot s : {Slot::alibi, Slot::mask, Slot::sinks}) slots[size_t(s)] = const_cast<void*>(any);
+    for (const ScoreArray& a : score_arrays(p, in)) slots[size_t(a.slot)] = const_cast<void*>(a.data);
 }
 
 class MetalSimEngine final : public Engine {
@@ -28,15 +29,14 @@ public:
 
     // The kernels apply every score option, both ways.
     int score_mods_supported(bool) const override {
-        return FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT |
-               FA_SCORE_SINKS;
+        return kEveryScoreMod;
     }
 
     void forward(const FlashParams& p, const ForwardIO& io) override {
         Plan plan = plan_forward(p, io.dtype);
         plan.score = io.score.params;
         sim::SlotPointers slots{};
-        bind_score_arrays(slots, io.score, io.q);
+        bind_score_arrays(slots, p, io.score, io.q);
         slots[size_t(Slot::q)] = const_cast<void*>(io.q);
         slots[size_t(Slot::k)] = const_cast<void*>(io.k);
         slots[size_t(Slot::v)] = const_cast<void*>(io.v);
@@ -49,7 +49,7 @@ public:
         Plan plan = plan_backward(p, io.dtype);
         plan.score = io.score.params;
         sim::SlotPointers slots{};
-        bind_score_arrays(slots, io.score, io.q);
+        bind_score_arrays(slots, p, io.score, io.q);
         slots[size_t(Slot::dout)] = const_cast<void*>(io.dout);
         slots[size_t(Slot::q)] = const_cast<void*>(io.q);
         slots[size_t(Slot::k)] = const_cast<void*>(io.k);

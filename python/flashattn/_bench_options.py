@@ -5,8 +5,8 @@ counterparts in the same run where it has them.
 Options: one causal shape, plain attention against softcap, ALiBi, sinks, a
 bool mask and a float (additive) mask, forward and forward + backward; the
 cost is each one's minimum time over plain attention's minimum. torch SDPA
-runs plain, with the same additive mask, and with ALiBi as an additive
-(H, T, T) bias (torch has no softcap or sinks in SDPA).
+runs plain, with the same bool and additive masks, and with ALiBi as an
+additive (H, T, T) bias (torch has no softcap or sinks in SDPA).
 
 Varlen: a packed batch of sequences of different lengths against the same
 sequences padded to the longest (B x T_max, what a fixed-shape kernel
@@ -96,6 +96,7 @@ def options_section(repeat, torch):
         torch_masks = {
             "plain": None,
             "alibi (H,)": torch.from_numpy(alibi_bias)[None],
+            "mask bool (T,T)": torch.from_numpy(bool_mask),  # torch's bool: True = may attend, too
             "mask float (T,T)": torch.from_numpy(float_mask),
         }
         sdpa = torch.nn.functional.scaled_dot_product_attention
@@ -138,7 +139,7 @@ def options_section(repeat, torch):
             print(line)
     if torch is not None:
         print("torch: plain is is_causal=True; alibi is an additive (1, H, T, T) causal bias; "
-              "the float mask the same (T, T) array")
+              "the bool and float masks the same (T, T) arrays")
     return times
 
 

@@ -355,6 +355,52 @@ void check_half_case(Engine& e, const Case& c, uint32_t seed, DType dtype) {
 
 }  // namespace
 
+// softcap's tanh (cpu/score_mods.h) on this path, read off lse: a row with
+// one key has lse = its score, softcap * tanh(q * k / softcap) exactly (the
+// log of a weight of 1 is 0). Scores from 1e-30 to 1e6 and both signs,
+// against tanh in double: within 8 ulps (the fit's 6, and the scaling), and
+// the sign and the cap exact.
+void check_softcap_tanh(Engine& e) {
+    const int64_t n = 4000;
+    std::vector<float> q(n), one(1, 1.0f), o(n), lse(n);
+    for (int64_t i = 0; i < n; ++i) {
+        const double x = std::pow(10.0, -30.0 + 36.0 * double(i / 2) / double(n / 2));
+        q[i] = float(i % 2 ? -x : x);
+    }
+    const TensorView qv{q.data(), {1, n, 1, 1}, {n, 1, 1, 1}};
+    const TensorView kv{one.data(), {1, 1, 1, 1}, {1, 1, 1, 1}};
+    AttentionOptions opt;
+    opt.scale = 1.0;
+    for (const double softcap : {1.0, 30.0, 1e-3}) {
+        FlashParams p = make_forward_params(qv, kv, kv, opt);
+        ScoreOptions so;
+        so.softcap = softcap;
+        const ScoreInputs score = make_score_inputs("attention", p, so);
+        run_forward(e, p, {q.data(), one.data(), one.data(), o.data(), lse.data(), score});
+        double worst = 0;
+        for (int64_t i = 0; i < n; ++i) {
+            const float c = float(softcap);
+            const double want = double(c) * std::tanh(double(q[i]) / double(c));
+            const double ulp = std::nextafter(std::abs(float(want)), INFINITY) - std::abs(float(want));
+            worst = std::max(worst, std::abs(lse[i] - want) / ulp);
+            CHECK(std::signbit(lse[i]) == std::signbit(q[i]));
+            CHECK(std::abs(lse[i]) <= c * (1.0f + 4e-7f));
+        }
+        std::printf("  softcap %g: tanh within %.2f ulps\n", softcap, worst);
+        CHECK(worst <= 8.0);
+    }
+    // A denormal softcap: 1 / softcap overflows, and a zero score must still be 0, not NaN.
+    std::vector<float> q3 = {0.0f, 1.0f, -2.0f}, o3(3), lse3(3);
+    const TensorView q3v{q3.data(), {1, 3, 1, 1}, {3, 1, 1, 1}};
+    FlashParams p = make_forward_params(q3v, kv, kv, opt);
+    ScoreOptions so;
+    so.softcap = 1e-45;
+    const ScoreInputs score = make_score_inputs("attention", p, so);
+    run_forward(e, p, {q3.data(), one.data(), one.data(), o3.data(), lse3.data(), score});
+    const float c = float(so.softcap);
+    CHECK(lse3[0] == 0.0f && lse3[1] == c && lse3[2] == -c);
+}
+
 int main() {
     // ctest runs this once per compiled instruction set (FLASHATTN_CPU_ISA);
     // one this CPU cannot run is a skip (77), said out loud.
@@ -411,5 +457,6 @@ int main() {
         check_half_case<Half>(*engine, c, seed += 10, DType::f16);
         check_half_case<BFloat16>(*engine, c, seed += 10, DType::bf16);
     }
+    check_softcap_tanh(*engine);
     return flashattn_test::finish("test_cpu_engine");
 }

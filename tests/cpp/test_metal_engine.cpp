@@ -1,8 +1,9 @@
 // The metal engine on a real GPU (Apple only): forward and backward against
 // the cpu engine on awkward shapes, host arrays (one copy each) versus pool
-// arrays (in place), float16 and bfloat16 kernels against the float32 ones
-// on the same rounded inputs, determinism, concurrent calls, and the error that lists
-// the metallib paths tried. Exits 77 (ctest: skipped) on a Mac without a
+// arrays (in place), the score options, float16 and bfloat16 kernels
+// against the float32 ones on the same rounded inputs, determinism,
+// concurrent calls, and the error that lists the metallib paths tried.
+// Exits 77 (ctest: skipped) on a Mac without a
 // Metal device or with one the kernels cannot run on (it prints the family).
 #include <algorithm>
 #include <cmath>
@@ -122,6 +123,72 @@ void check_case(metal::MetalEngine& metal, Engine& cpu, const Case& c, bool pool
     CHECK(e_dq < 1e-3);
     CHECK(e_dk < 1e-3);
     CHECK(e_dv < 1e-3);
+}
+
+// The score options on the GPU against the cpu engine: softcap, (B, H)
+// slopes, sinks and a mask broadcast from (Tk,) (staged as Tk bytes) or a
+// transposed float one (strides kept), forward and backward with dsinks.
+void check_options(metal::MetalEngine& metal, Engine& cpu) {
+    const Case c{2, 37, 45, 4, 2, 64, true, -1, -1};
+    const size_t nq = size_t(c.B) * c.Tq * c.H * c.D, nkv = size_t(c.B) * c.Tk * c.Hkv * c.D;
+    const size_t nl = size_t(c.B) * c.H * c.Tq;
+    auto q = random_vector(nq, 11), k = random_vector(nkv, 12), v = random_vector(nkv, 13);
+    auto dout = random_vector(nq, 14);
+    std::vector<float> slopes = {0.5f, 0.25f, 0.125f, 0.0625f, 0.3f, 0.2f, 0.1f, 0.05f};
+    std::vector<float> sinks = {0.5f, -1.0f, -INFINITY, 2.0f};
+    std::vector<unsigned char> keys(size_t(c.Tk));
+    for (size_t j = 0; j < keys.size(); ++j) keys[j] = (j * 7) % 5 != 0;
+    std::vector<float> transposed = random_vector(size_t(c.Tk) * c.Tq, 15);  // (Tk, Tq)
+    AttentionOptions opt;
+    opt.causal = true;
+    for (int variant = 0; variant < 2; ++variant) {
+        ScoreOptions so;
+        so.softcap = 5.0;
+        so.alibi_slopes = TensorView{slopes.data(), {c.B, c.H}, {c.H, 1}};
+        so.sinks = TensorView{sinks.data(), {c.H}, {1}};
+        if (variant == 0) {
+            so.mask = TensorView{reinterpret_cast<const float*>(keys.data()),
+                                 {c.B, c.H, c.Tq, c.Tk}, {0, 0, 0, 1}};
+            so.mask_is_bool = true;
+        } else {
+            so.mask = TensorView{transposed.data(), {c.B, c.H, c.Tq, c.Tk}, {0, 0, 1, c.Tq}};
+        }
+        FlashParams p = make_forward_params(view(q.data(), c.B, c.Tq, c.H, c.D),
+                                            view(k.data(), c.B, c.Tk, c.Hkv, c.D),
+                                            view(v.data(), c.B, c.Tk, c.Hkv, c.D), opt);
+        const ScoreInputs score = make_score_inputs("attention", p, so);
+        std::vector<float> o_cpu(nq), lse_cpu(nl), o(nq), lse(nl);
+        run_forward(cpu, p, {q.data(), k.data(), v.data(), o_cpu.data(), lse_cpu.data(), score});
+        run_forward(metal, p, {q.data(), k.data(), v.data(), o.data(), lse.data(), score});
+        const double e_o = max_err(o.data(), o_cpu.data(), nq);
+        const double e_l = max_err(lse.data(), lse_cpu.data(), nl);
+
+        FlashParams pb = make_backward_params(
+            view(dout.data(), c.B, c.Tq, c.H, c.D), view(q.data(), c.B, c.Tq, c.H, c.D),
+            view(k.data(), c.B, c.Tk, c.Hkv, c.D), view(v.data(), c.B, c.Tk, c.Hkv, c.D),
+            view(o_cpu.data(), c.B, c.Tq, c.H, c.D),
+            TensorView{lse_cpu.data(), {c.B, c.H, c.Tq}, {int64_t(c.H) * c.Tq, c.Tq, 1}}, opt);
+        const ScoreInputs score_b = make_score_inputs("attention_backward", pb, so);
+        std::vector<float> g_cpu[3] = {std::vector<float>(nq), std::vector<float>(nkv),
+                                       std::vector<float>(nkv)};
+        std::vector<float> g[3] = {std::vector<float>(nq), std::vector<float>(nkv),
+                                   std::vector<float>(nkv)};
+        std::vector<float> ds_cpu(size_t(c.H)), ds(size_t(c.H));
+        BackwardIO io{dout.data(), q.data(), k.data(), v.data(), o_cpu.data(), lse_cpu.data(),
+                      g_cpu[0].data(), g_cpu[1].data(), g_cpu[2].data(), score_b};
+        io.dsinks = ds_cpu.data();
+        run_backward(cpu, pb, io);
+        io.dq = g[0].data(), io.dk = g[1].data(), io.dv = g[2].data(), io.dsinks = ds.data();
+        run_backward(metal, pb, io);
+        double e_g = 0;
+        for (int a = 0; a < 3; ++a)
+            e_g = std::max(e_g, max_err(g[a].data(), g_cpu[a].data(), g[a].size()));
+        const double e_s = max_err(ds.data(), ds_cpu.data(), ds.size());
+        std::printf("  options (%s mask): o %.2e lse %.2e grads %.2e dsinks %.2e\n",
+                    variant == 0 ? "bool (Tk,)" : "float transposed", e_o, e_l, e_g, e_s);
+        CHECK(e_o < 1e-4 && e_l < 1e-4);
+        CHECK(e_g < 1e-3 && e_s < 1e-3);
+    }
 }
 
 // The float16 / bfloat16 kernels (issue 15) on inputs of that type: each
@@ -256,6 +323,7 @@ int main() {
         check_case(metal, *cpu, c, /*pool_inputs=*/false);
         check_case(metal, *cpu, c, /*pool_inputs=*/true);
     }
+    check_options(metal, *cpu);
     for (const Case& c : cases) {
         check_half_case<Half>(metal, c, DType::f16, 10, std::ldexp(1.0, -24));
         check_half_case<BFloat16>(metal, c, DType::bf16, 7, std::ldexp(1.0, -133));

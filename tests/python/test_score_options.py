@@ -12,11 +12,10 @@ import pytest
 import flashattn as fa
 from helpers import FORWARD_FACTOR, GRADIENT_FACTOR, Case, _max_abs, assert_close_to_reference, inputs
 
-# Engines whose kernels do not apply the options yet: they must refuse them
-# (test_engines_without_the_options_refuse_them), and the grid skips them.
-# (The metal engine's kernels are metal-sim's; its host does not bind the
-# options' arrays yet.)
-NOT_YET = {"metal"}
+# Every engine applies every option (the metal engine's kernels are
+# metal-sim's, and its host stages the options' arrays: tests/cpp/
+# test_metal_host_sim.cpp runs that host under metal-sim). An engine that did
+# not would refuse them naming each one: tests/cpp/test_engine.cpp.
 
 CASES = [
     Case(2, 13, 29, 6, 2, 59),                        # GQA, Tq < Tk
@@ -106,15 +105,9 @@ def check_backward(backend, case, q, k, v, do, options):
     return grads
 
 
-def _runs_options(backend):
-    if backend in NOT_YET:
-        pytest.skip(f"the {backend} engine does not apply the score options yet (issue 16)")
-
-
 @pytest.mark.parametrize("option", list(OPTIONS))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_forward_with_options_matches_reference(backend, case, option, dtype):
-    _runs_options(backend)
     q, k, v, _ = inputs(case, seed=40, dtype=dtype)
     check_forward(backend, case, q, k, v, options_for(option, case, 41))
 
@@ -122,7 +115,6 @@ def test_forward_with_options_matches_reference(backend, case, option, dtype):
 @pytest.mark.parametrize("option", list(OPTIONS))
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_backward_with_options_matches_reference(backend, case, option, dtype):
-    _runs_options(backend)
     q, k, v, do = inputs(case, seed=42, dtype=dtype)
     check_backward(backend, case, q, k, v, do, options_for(option, case, 43))
 
@@ -135,7 +127,6 @@ BIG = Case(1, 150, 200, 2, 1, 64, causal=False)
 def test_mask_broadcast_and_strided_layouts_agree(backend):
     """A (Tk,) mask, a (1, H, 1, Tk) one, a transposed (strided) one and
     their dense (B, H, Tq, Tk) copies give the same outputs bit for bit."""
-    _runs_options(backend)
     case = Case(2, 37, 45, 4, 2, 32, causal=True)
     q, k, v, do = inputs(case, seed=44)
     rng = np.random.default_rng(45)
@@ -159,7 +150,6 @@ def test_mask_hiding_rows_and_whole_tiles(backend):
     """Rows whose keys the mask hides all get o = 0, lse = -inf and no
     gradient (lse = the sink with sinks); key blocks it hides wholly (64 keys
     from 64 on, every row) are skipped and get zero dk, dv."""
-    _runs_options(backend)
     case = BIG
     q, k, v, do = inputs(case, seed=46)
     mask = np.random.default_rng(47).random((case.Tq, case.Tk)) < 0.5
@@ -180,7 +170,6 @@ def test_mask_hiding_rows_and_whole_tiles(backend):
 def test_options_that_change_nothing(backend):
     """softcap=0, zero slopes, an all-true mask, a zero float mask and sinks
     of -inf are plain attention, bit for bit."""
-    _runs_options(backend)
     case = Case(2, 33, 47, 4, 2, 40, causal=True, window=(20, 0))
     q, k, v, do = inputs(case, seed=48)
     o, lse = fa.attention(q, k, v, return_lse=True, backend=backend, **case.opts())
@@ -191,18 +180,6 @@ def test_options_that_change_nothing(backend):
         o2, lse2 = fa.attention(q, k, v, return_lse=True, backend=backend, **case.opts(), **options)
         np.testing.assert_array_equal(o2, o, err_msg=str(options))
         np.testing.assert_array_equal(lse2, lse, err_msg=str(options))
-
-
-def test_engines_without_the_options_refuse_them(backend):
-    """No engine ignores an option it does not apply: it raises, naming it."""
-    if backend not in NOT_YET:
-        pytest.skip(f"the {backend} engine applies every option")
-    case = Case(1, 5, 6, 2, 2, 8)
-    q, k, v, do = inputs(case)
-    with pytest.raises(ValueError, match=f"the {backend} engine does not implement softcap"):
-        fa.attention(q, k, v, softcap=1.0, backend=backend)
-    with pytest.raises(ValueError, match="does not implement mask"):
-        fa.attention(q, k, v, mask=np.ones(6, bool), backend=backend)
 
 
 # ---- Errors name the argument and the value.
@@ -237,7 +214,6 @@ def test_bad_options_raise_naming_the_argument(kwargs, error, message):
 def test_empty_calls_with_sinks(backend, Tq, Tk):
     """No rows: empty outputs; no keys: o = 0 and lse = the sink (the only
     logit), dsinks = 0 (o = 0 makes do.o = 0)."""
-    _runs_options(backend)
     case = Case(2, Tq, Tk, 4, 2, 8)
     q, k, v, do = inputs(case, seed=49)
     sinks = np.array([0.5, -1.0, -np.inf, 2.0], np.float32)
@@ -255,7 +231,6 @@ def test_empty_calls_with_sinks(backend, Tq, Tk):
 def test_strided_inputs_with_options(backend):
     """q, k, v sliced from one packed qkv array, with every option: the same
     bits as contiguous copies."""
-    _runs_options(backend)
     B, T, H, D = 2, 45, 4, 40
     case = Case(B, T, T, H, H, D, causal=True)
     rng = np.random.default_rng(50)

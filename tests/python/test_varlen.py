@@ -50,18 +50,11 @@ def options(name, batch, H, seed=51):
     return opts
 
 
-def _skip_unsupported(backend, opts):
-    if backend == "metal" and any(
-            key in opts for key in ("softcap", "alibi_slopes", "sinks")):
-        pytest.skip(f"the {backend} engine does not apply the score options yet (issue 16)")
-
-
 @pytest.mark.parametrize("option", list(OPTIONS))
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_varlen_matches_reference(backend, layout, option):
     q, k, v, do, cu_q, cu_k = make(layout)
     opts = options(option, len(cu_q) - 1, q.shape[1])
-    _skip_unsupported(backend, opts)
     o, lse = fa.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, backend=backend, **opts)
     assert o.shape == q.shape and lse.shape == (q.shape[1], q.shape[0])
     o64, lse64 = fa.reference.attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, **opts)
