@@ -169,6 +169,16 @@ def interleaved(fns, repeat, progress, label):
     return times
 
 
+def import_torch(threads):
+    """(torch with `threads` threads, or None; a line naming the competitor)."""
+    try:
+        import torch
+    except ImportError:
+        return None, "torch not installed (pip install 'flashattn[bench]'): cpu engine only"
+    torch.set_num_threads(threads)
+    return torch, f"torch {torch.__version__} scaled_dot_product_attention"
+
+
 def fma_peak(threads):
     from . import _core
 
@@ -419,14 +429,7 @@ def main(argv=None) -> int:
     if args.threads is not None:
         fa.set_num_threads(args.threads)
     args.threads = fa.get_num_threads()
-    try:
-        import torch
-
-        torch.set_num_threads(args.threads)
-        torch_note = f"torch {torch.__version__} scaled_dot_product_attention"
-    except ImportError:
-        torch = None
-        torch_note = "torch not installed (pip install 'flashattn[bench]'): cpu engine only"
+    torch, torch_note = import_torch(args.threads)
 
     sections = (0 if "table" in skip else len(SHAPES)) + (0 if "window" in skip else 1) + \
         (0 if "memory" in skip else 1) + (len(PLOT_TS) if args.plot else 0) + \

@@ -109,19 +109,12 @@ def main(argv) -> int:
         parser.error("--repeat must be at least 5")
 
     import flashattn as fa
-    from ._bench import SHAPES, Progress
+    from ._bench import SHAPES, Progress, import_torch
 
     if args.threads is not None:
         fa.set_num_threads(args.threads)
     args.threads = fa.get_num_threads()
-    try:
-        import torch
-
-        torch.set_num_threads(args.threads)
-        torch_note = f"torch {torch.__version__} scaled_dot_product_attention"
-    except ImportError:
-        torch = None
-        torch_note = "torch not installed (pip install 'flashattn[bench]'): cpu engine only"
+    torch, torch_note = import_torch(args.threads)
     progress = Progress(len(SHAPES))
     rows = run(args, torch, progress)
     progress.close()
