@@ -128,6 +128,10 @@ kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
 
         const FaTile tile = fa_classify(row_begin, row_end, j0, BK);
         if (tile == fa_tile_skip) continue;
+        if ((fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) &&
+            fa_mask_hides_tile<BK>(mods, mask, j0, row_begin, row_end,
+                                   at.col, sp.mask_j))
+            continue;  // the mask hides this block from the group's rows: no dq from it
         // A NaN or inf in K must not reach the dq of rows that do not see its key.
         const bool exact = tile == fa_tile_masked && fa_any_nonfinite(Flags);
 
@@ -267,6 +271,10 @@ kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
 
             const FaTile tile = fa_classify(col_begin, col_end, i0, BQ);
             if (tile == fa_tile_skip) continue;
+            if (HD >= 64 && (fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) &&
+                fa_mask_hides_tile<BQ>(fa_score_mods_of(sp, alibi, b, h, fa_long(j) * sp.mask_j),
+                                       mask, i0, col_begin, col_end, at.col, sp.mask_i))
+                continue;  // the mask hides these queries from the group's keys
             // A NaN or inf in q or dout must not reach keys its row does not see.
             const bool exact = tile == fa_tile_masked && fa_any_nonfinite(Flags);
 

@@ -350,6 +350,32 @@ FA_INLINE FaScoreMods fa_score_mods_of(constant FlashScoreParams& sp, device con
     return m;
 }
 
+// True when the mask hides every score of a SIMD group's tile from the
+// rows (or keys) its lanes hold, so the tile is skipped as the cpu engine
+// skips it: each lane checks the columns c0 + [0, WIDTH) it meets
+// (col, col + 1 of each 8-column fragment) that its band [begin, end) lets
+// it see, at mask offset mods.mask_base + c * stride. Only a false (bool)
+// or -inf (float) entry hides; NaN does not.
+template <int WIDTH>
+FA_INLINE bool fa_mask_hides_tile(FaScoreMods mods, device const uchar* mask, int c0, int begin,
+                                  int end, int col, fa_long stride) {
+    int visible = 0;
+    FA_UNROLL
+    for (int c8 = 0; c8 < WIDTH / 8; ++c8) {
+        FA_UNROLL
+        for (int i = 0; i < 2; ++i) {
+            const int c = c0 + c8 * 8 + col + i;
+            if (c < begin || c >= end) continue;
+            const fa_long at = mods.mask_base + fa_long(c) * stride;
+            if (fa_score_mods & FA_SCORE_MASK_BOOL)
+                visible |= int(mask[at] != 0);
+            else
+                visible |= int(reinterpret_cast<device const float*>(mask)[at] != -INFINITY);
+        }
+    }
+    return simd_max(visible) == 0;
+}
+
 // The options on the score s of query row t and key j, which the band lets
 // it see: softcap, then ALiBi, then the mask (-inf hides the key);
 // mask_offset is the element's offset past mods.mask_base. dcap gets

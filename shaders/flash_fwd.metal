@@ -129,6 +129,10 @@ kernel void flash_fwd(device const T* q [[buffer(0)]],
         // A NaN or inf in V must not reach the rows that do not see its key.
         const bool exact = tile == fa_tile_masked && fa_any_nonfinite(Flags);
         if (tile == fa_tile_skip) continue;
+        if ((fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) &&
+            fa_mask_hides_tile<BK>(mods, mask, j0, row_begin, row_end,
+                                   at.col, sp.mask_j))
+            continue;  // the mask hides this block from the group's rows
 
         // S = Q K^T: K^T's fragment (d8, k8) is the transposed load of Ks.
         fa_frag S[BK / 8];

@@ -167,6 +167,33 @@ def test_mask_hiding_rows_and_whole_tiles(backend):
     assert np.all(np.isneginf(lse[:, 1, [3, 77, 149]]))
 
 
+def test_key_blocks_the_mask_hides_are_skipped(backend):
+    """A key block the mask hides from every row is never read: NaN in its K
+    and V rows (which 0 * NaN would spread, were the block computed with
+    zero weights) leaves o, lse and every gradient as they are with those
+    rows finite, forward and backward, bool and float masks alike."""
+    case = BIG
+    q, k, v, do = inputs(case, seed=49)
+    keep = np.random.default_rng(50).random((case.Tq, case.Tk)) < 0.5
+    keep[:, 64:128] = False
+    for mask in [keep, np.where(keep, np.float32(0.0), np.float32(-np.inf))]:
+        kn, vn = k.copy(), v.copy()
+        kn[:, 64:128] = np.nan
+        vn[:, 64:128] = np.nan
+        o, lse = fa.attention(q, k, v, mask=mask, return_lse=True, backend=backend, **case.opts())
+        on, lsen = fa.attention(q, kn, vn, mask=mask, return_lse=True, backend=backend,
+                                **case.opts())
+        np.testing.assert_array_equal(on, o)
+        np.testing.assert_array_equal(lsen, lse)
+        grads = fa.attention_backward(do, q, k, v, o, lse, mask=mask, backend=backend,
+                                      **case.opts())
+        grads_n = fa.attention_backward(do, q, kn, vn, o, lse, mask=mask, backend=backend,
+                                        **case.opts())
+        for g, gn in zip(grads, grads_n):
+            assert np.isfinite(gn).all()
+            np.testing.assert_array_equal(gn, g)
+
+
 def test_options_that_change_nothing(backend):
     """softcap=0, zero slopes, an all-true mask, a zero float mask and sinks
     of -inf are plain attention, bit for bit."""
