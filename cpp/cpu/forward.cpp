@@ -1,8 +1,9 @@
 // Forward pass of the cpu engine (FlashAttention-2 split): one task per
 // (batch, kv head, block of query rows, its group's query heads packed in:
 // tiles.h); each walks the key blocks of its band with an online softmax and
-// writes o and lse = log(sum exp(scale * q.k)). Calls with few such tiles
-// also split the keys (split-KV, below).
+// writes o and lse = log(sum exp(scale * q.k)). Decoding tasks carry the
+// tiles of several kv heads through the keys together, and calls with few
+// tasks also split the keys (split-KV, below).
 //
 // Tiles are held transposed, keys x queries, so the queries of a tile run
 // along the vector lanes: the softmax statistics (max, sum, rescale) of W
@@ -338,10 +339,11 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     tile.finish(out);
 }
 
-// Split-KV ("flash decoding"): a call with too few tiles to keep the cores
-// busy (a decoding step has one per kv head) cuts each tile's keys into
-// chunks of at least kSplitMinKeys, one task each; every chunk leaves a
-// partial o and lse, and a second pass merges them exactly (cpu/merge.h,
+// Split-KV ("flash decoding"): a call with too few tasks to keep the cores
+// busy (a decoding step has one per batch, its kv heads' tiles carried
+// together) cuts the keys into chunks of at least kSplitMinKeys, one task
+// each; every chunk leaves each of its tiles a partial o and lse, and a
+// second pass merges them exactly (cpu/merge.h,
 // fa.merge_states' formula). The split depends on the shape alone, never on
 // the thread count, so neither do the results.
 constexpr int64_t kTargetTasks = 16;
