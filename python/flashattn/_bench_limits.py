@@ -3,8 +3,9 @@ the machine's limits (issue 14), each measured beside torch SDPA and beside
 the limit itself (read bandwidth or FMA peak) in the same run:
 
 - decode: Tq in {1, 4} against Tk in {8192, 65536} keys, B in {1, 8},
-  H = 32, Hkv = 8, D = 128: GB/s of K and V read, against the read
-  bandwidth measured between the cases (goal: >= 70 %);
+  H = 32, Hkv = 8, D = 128, in float32 and bfloat16 (torch in the same
+  dtype): GB/s of K and V read, against the read bandwidth measured
+  between the cases (goal: >= 70 %);
 - long-T: full attention, B = 1, H = 1, D = 64, T = 4096, 16384, 65536:
   GFLOP/s forward and forward + backward (goal: T >= 16384 within 10 % of
   T = 4096);
@@ -22,7 +23,8 @@ import math
 
 import numpy as np
 
-DECODE = [(B, Tk, Tq) for B in (1, 8) for Tk in (8192, 65536) for Tq in (1, 4)]
+DECODE = [(dtype, B, Tk, Tq) for dtype in ("fp32", "bf16") for B in (1, 8)
+          for Tk in (8192, 65536) for Tq in (1, 4)]
 DECODE_HEADS = (32, 8, 128)  # H, Hkv, D
 LONG_TS = [4096, 16384, 65536]
 GQA_CASES = [(D, causal) for D in (64, 128) for causal in (True, False)]
@@ -44,7 +46,7 @@ def _gqa(H, Hkv):
 class Decode:
     """One decoding step: Tq new queries against a cache of Tk keys."""
 
-    def __init__(self, B, Tk, Tq, torch):
+    def __init__(self, dtype, B, Tk, Tq, torch):
         import flashattn as fa
 
         H, Hkv, D = DECODE_HEADS
@@ -53,13 +55,19 @@ class Decode:
         self.q = rng.standard_normal((B, Tq, H, D), dtype=np.float32)
         self.k = rng.standard_normal((B, Tk, Hkv, D), dtype=np.float32)
         self.v = rng.standard_normal((B, Tk, Hkv, D), dtype=np.float32)
-        self.bytes = self.k.nbytes + self.v.nbytes
         self.torch = torch
         if torch is not None:
+            torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
+
             def t(x):
-                return torch.from_numpy(x).permute(0, 2, 1, 3).contiguous()
+                return torch.from_numpy(x).to(torch_dtype).permute(0, 2, 1, 3).contiguous()
 
             self.tq, self.tk, self.tv = t(self.q), t(self.k), t(self.v)
+        if dtype == "bf16":
+            import ml_dtypes
+
+            self.q, self.k, self.v = (x.astype(ml_dtypes.bfloat16) for x in (self.q, self.k, self.v))
+        self.bytes = self.k.nbytes + self.v.nbytes
 
     def ours(self):
         self.fa.attention(self.q, self.k, self.v, backend="cpu")
@@ -73,31 +81,33 @@ class Decode:
 
 def run_decode(args, torch, progress, interleaved):
     rows = []
-    for B, Tk, Tq in DECODE:
-        progress.step(f"decode B={B} Tk={Tk} Tq={Tq}")
-        prob = Decode(B, Tk, Tq, torch)
+    for dtype, B, Tk, Tq in DECODE:
+        label = f"decode {dtype} B={B} Tk={Tk} Tq={Tq}"
+        progress.step(label)
+        prob = Decode(dtype, B, Tk, Tq, torch)
         fns = {"ours": prob.ours}
         if torch is not None:
             fns["torch"] = prob.theirs
-        times = interleaved(fns, args.repeat, progress, f"decode B={B} Tk={Tk} Tq={Tq}")
+        times = interleaved(fns, args.repeat, progress, label)
         bandwidth = read_bandwidth(args.threads)  # between the cases: the same conditions
-        rows.append(((B, Tk, Tq), prob.bytes, times, bandwidth))
+        rows.append(((dtype, B, Tk, Tq), prob.bytes, times, bandwidth))
         del prob
     return rows
 
 
 def print_decode(rows):
     H, Hkv, D = DECODE_HEADS
-    print(f"\ndecode, cpu engine: H={H}, Hkv={Hkv}, D={D}, float32; GB/s of K and V read "
-          "(min of the runs), against the read bandwidth measured after each case")
-    head = (f"{'B':>2} {'Tk':>6} {'Tq':>3} {'ours ms':>9} {'GB/s':>6} {'torch ms':>9} "
+    print(f"\ndecode, cpu engine: H={H}, Hkv={Hkv}, D={D}; GB/s of K and V read "
+          "(min of the runs; torch in the same dtype), against the read bandwidth measured "
+          "after each case")
+    head = (f"{'dtype':<5} {'B':>2} {'Tk':>6} {'Tq':>3} {'ours ms':>9} {'GB/s':>6} {'torch ms':>9} "
             f"{'GB/s':>6} {'vs torch':>8} {'bandwidth':>9} {'ours/bw':>7}")
     print(head)
     print("-" * len(head))
     worst = math.inf
-    for (B, Tk, Tq), nbytes, times, bw in rows:
+    for (dtype, B, Tk, Tq), nbytes, times, bw in rows:
         ours = min(times["ours"])
-        line = f"{B:>2} {Tk:>6} {Tq:>3} {ours * 1e3:9.2f} {nbytes / ours / 1e9:6.1f}"
+        line = f"{dtype:<5} {B:>2} {Tk:>6} {Tq:>3} {ours * 1e3:9.2f} {nbytes / ours / 1e9:6.1f}"
         if "torch" in times:
             th = min(times["torch"])
             line += f" {th * 1e3:9.2f} {nbytes / th / 1e9:6.1f} {th / ours:7.2f}x"
