@@ -29,11 +29,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#if defined(__linux__) && defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <type_traits>
 #include <vector>
 
 #include "cpu/isa_begin.h"  // opens the per-ISA region
 #include "cpu/kernels.h"
+#include "cpu/amx.h"
 #include "cpu/convert.h"
 #include "cpu/gemm.h"
 #include "cpu/thread_pool.h"
@@ -281,24 +287,38 @@ struct Context {
 
 // The key block's operands, from keys [j0, j0 + nk): K^T and V^T (D x BK,
 // zero columns past nk) for S and dP, and scale * K (nk x Dp, zero-padded)
-// for dQ. Rows of T are converted to float32 as they are read.
+// for dQ. Rows of T are converted to float32 as they are read. Where the
+// scores come from AMX (cpu/amx.h), Kt holds K's pairs instead (D / 2 x BK).
 template <class T>
 void lay_out_key_block(const FlashParams& p, const T* k0, const T* v0, int64_t j0, int nk,
                        float* Kt, float* Vt, float* Kp, int Dp) {
     const int D = p.D;
+    const bool amx = amx_scores<T>(p);
+    if constexpr (kAmxScores<T>) {
+        if (amx) {
+            PairBits* Kv = reinterpret_cast<PairBits*>(Kt);
+            for (int j = 0; j < kBlockK; ++j) {
+                const T* row = k0 + (j0 + j) * p.k.t;
+                for (int i = 0; i < D / 2; ++i) Kv[i * kBlockK + j] = j < nk ? pair_at(row, i) : 0;
+            }
+        }
+    }
     float kr[kMaxD], vr[kMaxD];
     for (int j = 0; j < nk; ++j) {
         load_row(kr, k0 + (j0 + j) * p.k.t, D);
         load_row(vr, v0 + (j0 + j) * p.v.t, D);
         for (int d = 0; d < D; ++d) {
-            Kt[d * kBlockK + j] = kr[d];
+            if (!amx) Kt[d * kBlockK + j] = kr[d];
             Vt[d * kBlockK + j] = vr[d];
             Kp[j * Dp + d] = kr[d] * p.scale;
         }
         for (int d = D; d < Dp; ++d) Kp[j * Dp + d] = 0.0f;
     }
     for (int d = 0; d < D; ++d)
-        for (int j = nk; j < kBlockK; ++j) Kt[d * kBlockK + j] = Vt[d * kBlockK + j] = 0.0f;
+        for (int j = nk; j < kBlockK; ++j) {
+            if (!amx) Kt[d * kBlockK + j] = 0.0f;
+            Vt[d * kBlockK + j] = 0.0f;
+        }
 }
 
 // factor * rows [i0, i0 + nq) of one head's q or do, as float32,
@@ -326,13 +346,25 @@ struct KeyBlock {
 
 // P = exp(scale Q K^T - lse) into P and dS = P * (dO V^T - delta) into dS
 // (nq x Nk, row stride kBlockK), masked by the per-row key ranges or not.
+// S is scale Q times K^T from Qr (scaled rows); or, where q is not null, q's
+// bfloat16 rows (ldq apart) times K's pairs (kb.Kt) on AMX, then scaled.
 template <bool Masked>
 void probabilities_and_gradients(const KeyBlock& kb, int nq, int Nk, int D, int Dp,
-                                 const float* Qr, const float* dOr, const float* lse,
-                                 const float* delta, const int* klo, const int* khi,
-                                 const TileMods& mods, float* P, float* dS) {
-    gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false,
-                ProbabilityEpilogue<Masked>{lse, klo, khi, 0, mods});
+                                 const float* Qr, const BFloat16* q, int64_t ldq, float scale,
+                                 const float* dOr, const float* lse, const float* delta,
+                                 const int* klo, const int* khi, const TileMods& mods, float* P,
+                                 float* dS) {
+    const ProbabilityEpilogue<Masked> probabilities{lse, klo, khi, 0, mods};
+#if defined(FLASHATTN_CPU_AMX)
+    if (q) {
+        amx_scores_tiles(q, ldq, nq, D, reinterpret_cast<const PairBits*>(kb.Kt), kBlockK, Nk, P,
+                         kBlockK);
+        apply_epilogue(P, nq, Nk, kBlockK,
+                       ScaledEpilogue<ProbabilityEpilogue<Masked>>{scale, probabilities});
+    } else
+#endif
+        gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false, probabilities);
+    (void)q, (void)ldq, (void)scale;
     gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false,
                 GradientEpilogue<Masked>{P, kBlockK, delta, klo, khi, 0, mods.dcap});
 }
@@ -364,6 +396,10 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
     float* dS = scratch(size_t(BQ) * kBlockK, 6);
     gather_rows(q0, p.q.t, i0, nq, D, Dp, p.scale, Qr);  // as the forward scales it
     gather_rows(do0, p.dout.t, i0, nq, D, Dp, 1.0f, dOr);
+    // q's own rows, where the scores come from AMX (as in the forward).
+    const BFloat16* q_amx = nullptr;
+    if constexpr (kAmxScores<T>)
+        if (amx_scores<T>(p)) q_amx = q0 + i0 * p.q.t;
     float lse[kBlockQ];
     for (int r = 0; r < nq; ++r) {
         // A row with lse = -inf saw no key in the forward: no gradient.
@@ -378,11 +414,11 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
     if (masked) {
         for (int r = 0; r < nq; ++r) row_keys(p, i0 + r, kb.j0, nk, klo[r], khi[r]);
         for (int j = 0; j < nk; ++j) key_columns(p, kb.j0 + j, i0, nq, qlo[j], qhi[j]);
-        probabilities_and_gradients<true>(kb, nq, Nk, D, Dp, Qr, dOr, lse, delta, klo, khi, mods,
-                                          P, dS);
+        probabilities_and_gradients<true>(kb, nq, Nk, D, Dp, Qr, q_amx, p.q.t, p.scale, dOr, lse,
+                                          delta, klo, khi, mods, P, dS);
     } else {
-        probabilities_and_gradients<false>(kb, nq, Nk, D, Dp, Qr, dOr, lse, delta, klo, khi, mods,
-                                           P, dS);
+        probabilities_and_gradients<false>(kb, nq, Nk, D, Dp, Qr, q_amx, p.q.t, p.scale, dOr, lse,
+                                           delta, klo, khi, mods, P, dS);
     }
     // Products over the query rows, C (keys x Dp) += A^T B: dV += P^T dO and
     // dK += dS^T Q; ranged where a masked zero of A faces an inf or NaN of B.

@@ -19,11 +19,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#if defined(__linux__) && defined(__x86_64__)
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 #include <type_traits>
 #include <vector>
 
 #include "cpu/isa_begin.h"  // opens the per-ISA region
 #include "cpu/kernels.h"
+#include "cpu/amx.h"
 #include "cpu/convert.h"
 #include "cpu/gemm.h"
 #include "cpu/merge.h"
@@ -146,7 +152,8 @@ struct TileOutput {
 // head). The head's sink, if any, is counted where with_sink says (one
 // split-KV part only). T is the inputs' element type: float32 rows are read
 // in place, float16 and bfloat16 ones converted a key block at a time into
-// float32 tiles.
+// float32 tiles, except that bfloat16 scores may come from AMX tiles
+// (cpu/amx.h; then the state holds q's pairs where Q^T would be).
 template <class T>
 class TileState {
 public:
@@ -163,9 +170,31 @@ public:
           Qt_(state), O_(Qt_ + size_t(p.D) * BQ), m_(O_ + size_t(BQ) * Dp_), l_(m_ + BQ),
           mods_(ScoreMods::of(p, io.score, b, head0)),
           masked_(p.score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)),
-          sink_(io.score.sinks && with_sink ? io.score.sinks[head0] : -simd::kInf) {
+          sink_(io.score.sinks && with_sink ? io.score.sinks[head0] : -simd::kInf),
+          amx_(amx_scores<T>(p)) {
         const int D = p.D;
         const T* q0 = static_cast<const T*>(io.q) + b * p.q.b;
+        if constexpr (kAmxScores<T>) {
+            if (amx_) {  // q's pairs, D / 2 x BQ, in place of Q^T
+                PairBits* Qv = reinterpret_cast<PairBits*>(Qt_);
+                for (int r = 0; r < BQ; ++r) {
+                    const int64_t R = R0 + r, t = R / g, h = head0 + R % g;
+                    const T* row = q0 + h * p.q.h + t * p.q.t;
+                    for (int i = 0; i < D / 2; ++i) Qv[i * BQ + r] = r < nq ? pair_at(row, i) : 0;
+                }
+            }
+        }
+        if (!amx_) load_queries(q0, D);
+        std::memset(O_, 0, sizeof(float) * size_t(BQ) * Dp_);
+        // A sink is one more logit, with a zero value: it starts the running
+        // max and sum (a sink of -inf, or none, starts them empty).
+        for (int r = 0; r < BQ; ++r) m_[r] = sink_, l_[r] = sink_ == -simd::kInf ? 0.0f : 1.0f;
+    }
+
+    // Q^T, scaled, from q's rows.
+    void load_queries(const T* q0, int D) {
+        const int BQ = BQ_, nq = nq_, g = g_;
+        const int64_t R0 = R0_, head0 = head0_;
         // Scores stay in natural units, scale * q times k (the backward
         // recomputes them bit for bit), until m is subtracted: s - m is exact
         // however large both are. Rows are first gathered whole (wide loads
@@ -173,16 +202,12 @@ public:
         float* Qr = scratch(size_t(BQ) * D, 9);
         for (int r = 0; r < nq; ++r) {
             const int64_t R = R0 + r, t = R / g, h = head0 + R % g;
-            load_row(Qr + r * D, q0 + h * p.q.h + t * p.q.t, D);
+            load_row(Qr + r * D, q0 + h * p_.q.h + t * p_.q.t, D);
         }
         for (int d = 0; d < D; ++d) {
-            for (int r = 0; r < nq; ++r) Qt_[d * BQ + r] = Qr[r * D + d] * p.scale;
+            for (int r = 0; r < nq; ++r) Qt_[d * BQ + r] = Qr[r * D + d] * p_.scale;
             for (int r = nq; r < BQ; ++r) Qt_[d * BQ + r] = 0.0f;
         }
-        std::memset(O_, 0, sizeof(float) * size_t(BQ) * Dp_);
-        // A sink is one more logit, with a zero value: it starts the running
-        // max and sum (a sink of -inf, or none, starts them empty).
-        for (int r = 0; r < BQ; ++r) m_[r] = sink_, l_[r] = sink_ == -simd::kInf ? 0.0f : 1.0f;
     }
 
     bool alibi() const { return mods_.alibi; }
@@ -215,10 +240,12 @@ public:
         if constexpr (in_place) {
             Vb = v0_ + j0 * p_.v.t, ldv = p_.v.t;
             Kb = k0_ + j0 * p_.k.t, ldk = p_.k.t;
-        } else {
+        } else if (!amx_) {  // (AMX reads K's rows in place)
             float* Kc = scratch(size_t(kBlockK) * D, 11);  // a converted K block
             for (int j = 0; j < nk; ++j) load_row(Kc + j * D, k0_ + (j0 + j) * p_.k.t, D);
             Kb = Kc, ldk = D;
+        } else {
+            Kb = nullptr, ldk = 0;
         }
         if (!in_place || D != Dp) {
             for (int j = 0; j < nk; ++j) {
@@ -232,8 +259,7 @@ public:
                 simd::store(colmax + col, splat(-simd::kInf));
                 simd::store(colsum + col, vf{});
             }
-            gemm<false>(nk, BQ, D, Kb, ldk, Qt_, BQ, ST, BQ, nullptr, false,
-                        ScoreEpilogue{m_, colmax, colsum, mod});
+            scores(j0, nk, Kb, ldk, ST, ScoreEpilogue{m_, colmax, colsum, mod});
             bool stale = false;
             for (int r = 0; r < nq; ++r) stale |= colmax[r] > m_[r] + kHeadroom;
             if (!stale) {
@@ -244,7 +270,7 @@ public:
             }
         }
         // The two-pass step: S^T = K Q^T, then max, rescale and exponentials.
-        gemm<false>(nk, BQ, D, Kb, ldk, Qt_, BQ, ST, BQ, nullptr, false, mod);
+        scores(j0, nk, Kb, ldk, ST, mod);
         if (!full)
             for (int j = 0; j < nk; ++j) key_columns(p_, j0 + j, R0, nq, lo[j], hi[j], g);
         online_softmax(ST, nk, BQ, full, lo, hi, m_, l_, corr);
@@ -259,6 +285,24 @@ public:
         }
         have_max_ = true;
         for (int r = 0; r < nq; ++r) have_max_ &= m_[r] != -simd::kInf;
+    }
+
+    // S^T = K Q^T, scaled, for keys [j0, j0 + nk) into ST, epi applied as
+    // each vector leaves the registers: from float32 K rows (Kb), or on AMX.
+    template <class Epi>
+    void scores(int64_t j0, int nk, const float* Kb, int64_t ldk, float* ST, const Epi& epi) const {
+#if defined(FLASHATTN_CPU_AMX)
+        if constexpr (kAmxScores<T>) {
+            if (amx_) {
+                amx_scores_tiles(k0_ + j0 * p_.k.t, p_.k.t, nk, p_.D,
+                                 reinterpret_cast<const PairBits*>(Qt_), BQ_, BQ_, ST, BQ_);
+                apply_epilogue(ST, nk, BQ_, BQ_, ScaledEpilogue<Epi>{p_.scale, epi});
+                return;
+            }
+        }
+#endif
+        (void)j0;
+        gemm<false>(nk, BQ_, p_.D, Kb, ldk, Qt_, BQ_, ST, BQ_, nullptr, false, epi);
     }
 
     // Asks for keys [j0, j0 + nk)'s K and V rows to come into cache.
@@ -300,13 +344,14 @@ private:
     const int nq_, BQ_, Dp_;
     const T* const k0_;
     const T* const v0_;
-    float* const Qt_;  // D x BQ, scaled
+    float* const Qt_;  // D x BQ, scaled (or D / 2 x BQ pairs of q, amx_)
     float* const O_;   // BQ x Dp
     float* const m_;
     float* const l_;
     const ScoreMods mods_;
     const bool masked_;
     const float sink_;
+    const bool amx_;  // bfloat16 scores on AMX (cpu/amx.h); Qt_ holds q's pairs
     bool have_max_ = false;  // every row has seen a key: m is finite
 };
 

@@ -35,6 +35,49 @@ struct Identity {
     Identity at(int, int) const { return *this; }
 };
 
+// epi after each finished vector is multiplied by s (products of unscaled
+// inputs, such as AMX's: the scale comes after).
+template <class Epi>
+struct ScaledEpilogue {
+    float s;
+    Epi epi;
+
+    template <int MR, int NV>
+    void apply(vf (&c)[MR][NV]) const {
+        const vf sv = simd::splat(s);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; ++v) c[r][v] *= sv;
+        epi.template apply<MR, NV>(c);
+    }
+    ScaledEpilogue at(int m, int n) const { return {s, epi.at(m, n)}; }
+};
+
+// Runs epi over C (M x N, N a multiple of W, row stride ldc) in place, in the
+// blocks gemm would hand it: for products computed elsewhere (AMX tiles).
+template <class Epi>
+inline void apply_epilogue(float* C, int M, int N, int64_t ldc, const Epi& epi) {
+    constexpr int MR = 8;
+    for (int n = 0; n < N; n += W) {
+        const auto col = epi.at(0, n);
+        int m = 0;
+        for (; m + MR <= M; m += MR) {
+            vf c[MR][1];
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r) c[r][0] = simd::load(C + (m + r) * ldc + n);
+            col.at(m, 0).template apply<MR, 1>(c);
+#pragma GCC unroll 16
+            for (int r = 0; r < MR; ++r) simd::store(C + (m + r) * ldc + n, c[r][0]);
+        }
+        for (; m < M; ++m) {
+            vf c[1][1] = {{simd::load(C + m * ldc + n)}};
+            col.at(m, 0).template apply<1, 1>(c);
+            simd::store(C + m * ldc + n, c[0][0]);
+        }
+    }
+}
+
 // A[r, k] is A[r * lda + k], or A[k * lda + r] when TA (a transposed tile
 // costs nothing: the element is broadcast either way).
 template <int MR, int NV, bool TA, class Epi>
