@@ -66,17 +66,51 @@ struct alignas(64) TileConfig {
     uint8_t rows[16] = {};
 };
 
-// C (round_up(M, 16) x N float32, row stride ldc) = A B over D (a multiple
-// of 32), unscaled: A is M bfloat16 rows, lda elements apart (K's or q's),
-// B the other operand's pairs (D / 2 x N, row stride ldb; N a multiple of 16).
-// Rows of C past M come out 0. The tile state is set up and released here,
-// so another library's AMX use on the same thread is not disturbed.
-__attribute__((target("amx-tile,amx-bf16"))) inline void amx_scores_tiles(
-    const BFloat16* A, int64_t lda, int M, int D, const PairBits* B, int ldb, int N, float* C,
-    int ldc) {
+#define FLASHATTN_AMX_FN __attribute__((target("amx-tile,amx-bf16"), visibility("hidden"))) inline
+
+// Tiles 0-2, 16 rows of 64 bytes each: all the products below use.
+FLASHATTN_AMX_FN void amx_configure() {
     TileConfig cfg;
     for (int t = 0; t < 3; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
     _tile_loadconfig(&cfg);
+}
+FLASHATTN_AMX_FN void amx_release() { _tile_release(); }
+
+// Configures the tiles again if something reset them since: glibc's lazy
+// binding of a call (its register save and restore) or another library's
+// use of AMX on the thread. Reading the configuration costs far less than
+// loading it, which is too slow to do for each small product.
+FLASHATTN_AMX_FN void amx_ensure_configured() {
+    TileConfig now;
+    _tile_storeconfig(&now);
+    if (now.palette != 1 || now.rows[2] != 16 || now.colsb[2] != 64 || now.rows[0] != 16 ||
+        now.colsb[0] != 64 || now.rows[1] != 16 || now.colsb[1] != 64)
+        amx_configure();
+}
+
+// The tiles configured for one task's scope (the functions below run only
+// inside one, and check that they still are), released at its end.
+class AmxScope {
+public:
+    explicit AmxScope(bool on) : on_(on) {
+        if (on_) amx_configure();
+    }
+    ~AmxScope() {
+        if (on_) amx_release();
+    }
+    AmxScope(const AmxScope&) = delete;
+    AmxScope& operator=(const AmxScope&) = delete;
+
+private:
+    const bool on_;
+};
+
+// C (round_up(M, 16) x N float32, row stride ldc) = A B over D (a multiple
+// of 32), unscaled: A is M bfloat16 rows, lda elements apart (K's or q's),
+// B the other operand's pairs (D / 2 x N, row stride ldb; N a multiple of 16).
+// Rows of C past M come out 0.
+FLASHATTN_AMX_FN void amx_scores_tiles(const BFloat16* A, int64_t lda, int M, int D,
+                                       const PairBits* B, int ldb, int N, float* C, int ldc) {
     alignas(64) BFloat16 pad[16 * kMaxD];  // a partial tile of rows, zero after M
     for (int mt = 0; mt < M; mt += 16) {
         const BFloat16* a = A + mt * lda;
@@ -87,6 +121,7 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_scores_tiles(
                 std::memcpy(pad + r * D, a + r * lda, sizeof(BFloat16) * size_t(D));
             a = pad, a_stride = D * int64_t(sizeof(BFloat16));
         }
+        amx_ensure_configured();  // (after the copies: memcpy may be bound lazily)
         for (int nt = 0; nt < N; nt += 16) {
             _tile_zero(0);
             for (int c = 0; c < D / 32; ++c) {
@@ -97,10 +132,85 @@ __attribute__((target("amx-tile,amx-bf16"))) inline void amx_scores_tiles(
             _tile_stored(0, C + mt * ldc + nt, ldc * int64_t(sizeof(float)));
         }
     }
-    _tile_release();
 }
 
+// O (BQ x Dp float32, row stride Dp; both multiples of 16) += P V on AMX:
+// P as bfloat16 rows (BQ x Kp, Kp a multiple of 32 keys, zero past the
+// block's keys), V as its pairs of keys (Kp / 2 x Dp pairs of rows, laid out
+// by value_pairs).
+FLASHATTN_AMX_FN void amx_accumulate_pv(const BFloat16* P, int Kp, const BFloat16* Vv, int BQ,
+                                        int Dp, float* O) {
+    amx_ensure_configured();
+    for (int rt = 0; rt < BQ; rt += 16)
+        for (int c = 0; c < Kp / 32; ++c) {
+            _tile_loadd(1, P + rt * Kp + c * 32, Kp * int64_t(sizeof(BFloat16)));
+            for (int dt = 0; dt < Dp; dt += 16) {
+                _tile_loadd(0, O + rt * Dp + dt, Dp * int64_t(sizeof(float)));
+                _tile_loadd(2, Vv + c * 16 * (2 * Dp) + 2 * dt, 2 * Dp * int64_t(sizeof(BFloat16)));
+                _tile_dpbf16ps(0, 1, 2);
+                _tile_stored(0, O + rt * Dp + dt, Dp * int64_t(sizeof(float)));
+            }
+        }
+}
+
+// Vv (Kp / 2 rows of 2 Dp) = V's rows [0, nk) (ldv apart, D elements, D a
+// multiple of 32) in pairs: row k holds V[2k][d], V[2k + 1][d] side by side
+// for each d, zeros past nk and past D.
+inline void value_pairs(const BFloat16* V, int64_t ldv, int nk, int D, int Dp, int Kp,
+                        BFloat16* Vv) {
+    const __m512i lo_half = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
+    const __m512i hi_half = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
+    for (int k = 0; k < Kp / 2; ++k) {
+        BFloat16* out = Vv + k * 2 * Dp;
+        const BFloat16* a = 2 * k < nk ? V + 2 * k * ldv : nullptr;
+        const BFloat16* b = 2 * k + 1 < nk ? V + (2 * k + 1) * ldv : nullptr;
+        for (int d = 0; d < D; d += 32) {
+            const __m512i x = a ? _mm512_loadu_si512(a + d) : _mm512_setzero_si512();
+            const __m512i y = b ? _mm512_loadu_si512(b + d) : _mm512_setzero_si512();
+            const __m512i lo = _mm512_unpacklo_epi16(x, y), hi = _mm512_unpackhi_epi16(x, y);
+            _mm512_storeu_si512(out + 2 * d, _mm512_permutex2var_epi64(lo, lo_half, hi));
+            _mm512_storeu_si512(out + 2 * d + 32, _mm512_permutex2var_epi64(lo, hi_half, hi));
+        }
+        for (int d = 2 * D; d < 2 * Dp; ++d) out[d] = BFloat16{0};
+    }
+}
+
+// P (BQ x Kp bfloat16, zero past nk keys and nq rows) = the transpose of ST
+// (nk x BQ float32, row stride BQ) rounded to nearest even: the
+// probabilities as AMX's A operand. (P is never a signalling NaN, so the integer rounding keeps NaN.)
+inline void probability_rows(const float* ST, int nk, int nq, int BQ, int Kp, BFloat16* P) {
+    const __m512i index = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32(BQ));
+    std::memset(P + nq * Kp, 0, sizeof(BFloat16) * size_t(BQ - nq) * Kp);  // rows past nq
+    for (int r = 0; r < nq; ++r)
+        for (int j = 0; j < Kp; j += 16) {
+            const __mmask16 keys = j >= nk ? 0 : nk - j >= 16 ? 0xffff : (1u << (nk - j)) - 1u;
+            const __m512i bits = _mm512_castps_si512(_mm512_mask_i32gather_ps(
+                _mm512_setzero_ps(), keys, index, ST + j * BQ + r, 4));
+            const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+            const __m512i rounded = _mm512_srli_epi32(
+                _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(P + r * Kp + j),
+                                _mm512_cvtepi32_epi16(rounded));
+        }
+}
+
+#else
+class AmxScope {
+public:
+    explicit AmxScope(bool) {}
+};
 #endif  // FLASHATTN_CPU_AMX
+
+// True when no element of the rows x cols bfloat16 block (row stride ld) is
+// inf or NaN.
+inline bool all_finite(const BFloat16* x, int rows, int cols, int64_t ld) {
+    uint32_t bad = 0;
+    for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c) bad |= uint32_t((x[r * ld + c].bits & 0x7f80u) == 0x7f80u);
+    return bad == 0;
+}
 
 // Whether this call's bfloat16 scores come from AMX: a head size that is a
 // multiple of 32 (whole tiles of pairs), on a CPU and kernel that allow it.

@@ -442,6 +442,7 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
 template <class T>
 void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
     const FlashParams& p = cx.p;
+    const AmxScope tiles(amx_scores<T>(p));
     const BackwardIO& io = cx.io;
     const int D = p.D, Dp = cx.Dp;
     const int64_t hk = heads0 / p.group;

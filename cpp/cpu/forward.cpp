@@ -232,13 +232,18 @@ public:
         // Float32 V rows serve as the B operand in place when they need no
         // padding, and K rows as the broadcast operand; half ones are
         // converted into tiles first (nk x D each, against the block's
-        // nk x BQ x D products).
-        const float* Vb;
-        int64_t ldv;
+        // nk x BQ x D products). AMX reads bfloat16 K and V rows as they are
+        // (V unless a masked block meets an inf or NaN in it: that takes the
+        // ranged float32 product below).
+        bool amx_pv = false;
+        if constexpr (kAmxScores<T>)
+            amx_pv = amx_ && (full || all_finite(v0_ + j0 * p_.v.t, nk, D, p_.v.t));
+        const float* Vb = nullptr;
+        int64_t ldv = 0;
         const float* Kb;
         int64_t ldk;
         if constexpr (in_place) {
-            Vb = v0_ + j0 * p_.v.t, ldv = p_.v.t;
+            if (D == Dp) Vb = v0_ + j0 * p_.v.t, ldv = p_.v.t;
             Kb = k0_ + j0 * p_.k.t, ldk = p_.k.t;
         } else if (!amx_) {  // (AMX reads K's rows in place)
             float* Kc = scratch(size_t(kBlockK) * D, 11);  // a converted K block
@@ -247,7 +252,7 @@ public:
         } else {
             Kb = nullptr, ldk = 0;
         }
-        if (!in_place || D != Dp) {
+        if (!amx_pv && !Vb) {
             for (int j = 0; j < nk; ++j) {
                 load_row(Vp + j * Dp, v0_ + (j0 + j) * p_.v.t, D);
                 for (int d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
@@ -265,7 +270,7 @@ public:
             if (!stale) {
                 for (int col = 0; col < BQ; col += W)
                     simd::store(l_ + col, simd::load(l_ + col) + simd::load(colsum + col));
-                gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O_, Dp, nullptr, true);
+                accumulate_pv(j0, nk, ST, Vb, ldv, nullptr, amx_pv);
                 return;
             }
         }
@@ -276,8 +281,8 @@ public:
         online_softmax(ST, nk, BQ, full, lo, hi, m_, l_, corr);
         // O = O * corr + P V, with P = (S^T)^T. A masked P entry is 0, and 0
         // times an inf or NaN in V would reach a row that does not see it.
-        if (full || all_finite(Vb, nk, D, ldv)) {
-            gemm<true>(nq, Dp, nk, ST, BQ, Vb, ldv, O_, Dp, corr, true);
+        if (amx_pv || full || all_finite(Vb, nk, D, ldv)) {
+            accumulate_pv(j0, nk, ST, Vb, ldv, corr, amx_pv);
         } else {
             int klo[kBlockQ], khi[kBlockQ];
             for (int r = 0; r < nq; ++r) row_keys(p_, R0 + r, j0, nk, klo[r], khi[r], g);
@@ -303,6 +308,31 @@ public:
 #endif
         (void)j0;
         gemm<false>(nk, BQ_, p_.D, Kb, ldk, Qt_, BQ_, ST, BQ_, nullptr, false, epi);
+    }
+
+    // O = O * corr (per row; null: 1) + P V, P = (S^T)^T for keys [j0, j0 + nk):
+    // from V's float32 rows (Vb), or on AMX from V's own rows (amx).
+    void accumulate_pv(int64_t j0, int nk, const float* ST, const float* Vb, int64_t ldv,
+                       const float* corr, bool amx) {
+#if defined(FLASHATTN_CPU_AMX)
+        if constexpr (kAmxScores<T>) {
+            if (amx) {
+                const int Kp = int(round_up(nk, 32)), BQ = BQ_, Dp = Dp_;
+                BFloat16* P = reinterpret_cast<BFloat16*>(scratch(size_t(BQ) * Kp / 2, 11));
+                BFloat16* Vv = reinterpret_cast<BFloat16*>(scratch(size_t(Kp) * Dp / 2 + 16, 12));
+                probability_rows(ST, nk, nq_, BQ, Kp, P);
+                value_pairs(v0_ + j0 * p_.v.t, p_.v.t, nk, p_.D, Dp, Kp, Vv);
+                if (corr)
+                    for (int r = 0; r < nq_; ++r)
+                        for (int d = 0; d < Dp; d += W)
+                            simd::store(O_ + r * Dp + d, simd::load(O_ + r * Dp + d) * splat(corr[r]));
+                amx_accumulate_pv(P, Kp, Vv, BQ, Dp, O_);
+                return;
+            }
+        }
+#endif
+        (void)j0, (void)amx;
+        gemm<true>(nq_, Dp_, nk, ST, BQ_, Vb, ldv, O_, Dp_, corr, true);
     }
 
     // Asks for keys [j0, j0 + nk)'s K and V rows to come into cache.
@@ -461,6 +491,7 @@ void forward_call(const FlashParams& p, const ForwardIO& io) {
                                         part_lse.data() + size_t(t * splits + s) * BQ};
     };
     parallel_for(tasks * splits, [&](int64_t task) {
+        const AmxScope tiles(amx_scores<T>(p));
         const int64_t u = task / splits, s = task % splits, first = u % tasks_per_batch * per_task;
         const int64_t t0 = u / tasks_per_batch * tiles_per_batch + first;
         const int64_t n = std::min(per_task, tiles_per_batch - first);

@@ -20,9 +20,9 @@ SUPPORTED = fa.cpu_isas()
 COMPILED = fa.cpu_isas(compiled=True)
 
 
-def run_python(isa, *args):
-    """python *args in a fresh process with FLASHATTN_CPU_ISA=isa."""
-    env = dict(os.environ, FLASHATTN_CPU_ISA=isa)
+def run_python(isa, *args, **env_vars):
+    """python *args in a fresh process with FLASHATTN_CPU_ISA=isa (and env_vars)."""
+    env = dict(os.environ, FLASHATTN_CPU_ISA=isa, **env_vars)
     return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True,
                           timeout=600)
 
@@ -54,6 +54,16 @@ def test_every_supported_path_passes_the_grid(isa):
     r = run_python(isa, os.path.join(HERE, "cpu_isa_grid.py"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"cpu path: {isa}\n" in r.stdout
+    assert r.stdout.rstrip().endswith("ok")
+
+
+@pytest.mark.skipif("avx512" not in SUPPORTED, reason="AMX is used on the avx512 path only")
+def test_the_avx512_path_passes_the_grid_without_amx_too():
+    """FLASHATTN_CPU_AMX=0: bfloat16 products go back to the vector units
+    (as on a CPU without AMX), and pass the same grid; the default run above
+    takes AMX for bfloat16 where the CPU has it."""
+    r = run_python("avx512", os.path.join(HERE, "cpu_isa_grid.py"), FLASHATTN_CPU_AMX="0")
+    assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.rstrip().endswith("ok")
 
 
