@@ -134,36 +134,35 @@ FLASHATTN_AMX_FN void amx_scores_tiles(const BFloat16* A, int64_t lda, int M, in
     }
 }
 
-// O (BQ x Dp float32, row stride Dp; both multiples of 16) += P V on AMX:
-// P as bfloat16 rows (BQ x Kp, Kp a multiple of 32 keys, zero past the
-// block's keys), V as its pairs of keys (Kp / 2 x Dp pairs of rows, laid out
-// by value_pairs).
-FLASHATTN_AMX_FN void amx_accumulate_pv(const BFloat16* P, int Kp, const BFloat16* Vv, int BQ,
-                                        int Dp, float* O) {
+// C (M x N float32, row stride ldc; M, N multiples of 16) += A B on AMX: A
+// as bfloat16 rows (M x Kp, Kp a multiple of 32, zero past the summed
+// range), B as pairs of its rows (Kp / 2 x N pairs, laid out by row_pairs).
+// P V, P^T dO, dS^T q and dS K are all this product.
+FLASHATTN_AMX_FN void amx_accumulate(const BFloat16* A, int Kp, const BFloat16* Bv, int M, int N,
+                                     float* C, int64_t ldc) {
     amx_ensure_configured();
-    for (int rt = 0; rt < BQ; rt += 16)
+    for (int mt = 0; mt < M; mt += 16)
         for (int c = 0; c < Kp / 32; ++c) {
-            _tile_loadd(1, P + rt * Kp + c * 32, Kp * int64_t(sizeof(BFloat16)));
-            for (int dt = 0; dt < Dp; dt += 16) {
-                _tile_loadd(0, O + rt * Dp + dt, Dp * int64_t(sizeof(float)));
-                _tile_loadd(2, Vv + c * 16 * (2 * Dp) + 2 * dt, 2 * Dp * int64_t(sizeof(BFloat16)));
+            _tile_loadd(1, A + mt * Kp + c * 32, Kp * int64_t(sizeof(BFloat16)));
+            for (int nt = 0; nt < N; nt += 16) {
+                _tile_loadd(0, C + mt * ldc + nt, ldc * int64_t(sizeof(float)));
+                _tile_loadd(2, Bv + c * 16 * (2 * N) + 2 * nt, 2 * N * int64_t(sizeof(BFloat16)));
                 _tile_dpbf16ps(0, 1, 2);
-                _tile_stored(0, O + rt * Dp + dt, Dp * int64_t(sizeof(float)));
+                _tile_stored(0, C + mt * ldc + nt, ldc * int64_t(sizeof(float)));
             }
         }
 }
 
-// Vv (Kp / 2 rows of 2 Dp) = V's rows [0, nk) (ldv apart, D elements, D a
-// multiple of 32) in pairs: row k holds V[2k][d], V[2k + 1][d] side by side
-// for each d, zeros past nk and past D.
-inline void value_pairs(const BFloat16* V, int64_t ldv, int nk, int D, int Dp, int Kp,
-                        BFloat16* Vv) {
+// Out (Kp / 2 rows of 2 Dp) = rows [0, n) of a bfloat16 matrix X (ld apart,
+// D elements, D a multiple of 32) in pairs: row k holds X[2k][d],
+// X[2k + 1][d] side by side for each d; zeros past n and past D.
+inline void row_pairs(const BFloat16* X, int64_t ld, int n, int D, int Dp, int Kp,
+                      BFloat16* out) {
     const __m512i lo_half = _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11);
     const __m512i hi_half = _mm512_setr_epi64(4, 5, 12, 13, 6, 7, 14, 15);
-    for (int k = 0; k < Kp / 2; ++k) {
-        BFloat16* out = Vv + k * 2 * Dp;
-        const BFloat16* a = 2 * k < nk ? V + 2 * k * ldv : nullptr;
-        const BFloat16* b = 2 * k + 1 < nk ? V + (2 * k + 1) * ldv : nullptr;
+    for (int k = 0; k < Kp / 2; ++k, out += 2 * Dp) {
+        const BFloat16* a = 2 * k < n ? X + 2 * k * ld : nullptr;
+        const BFloat16* b = 2 * k + 1 < n ? X + (2 * k + 1) * ld : nullptr;
         for (int d = 0; d < D; d += 32) {
             const __m512i x = a ? _mm512_loadu_si512(a + d) : _mm512_setzero_si512();
             const __m512i y = b ? _mm512_loadu_si512(b + d) : _mm512_setzero_si512();
@@ -175,24 +174,64 @@ inline void value_pairs(const BFloat16* V, int64_t ldv, int nk, int D, int Dp, i
     }
 }
 
-// P (BQ x Kp bfloat16, zero past nk keys and nq rows) = the transpose of ST
-// (nk x BQ float32, row stride BQ) rounded to nearest even: the
-// probabilities as AMX's A operand. (P is never a signalling NaN, so the integer rounding keeps NaN.)
-inline void probability_rows(const float* ST, int nk, int nq, int BQ, int Kp, BFloat16* P) {
+// factor * x rounded to bfloat16, nearest even, by integer arithmetic (the
+// inputs here are never signalling NaNs, so NaN stays NaN).
+inline __m256i to_bf16(__m512 x, __m512 factor) {
+    const __m512i bits = _mm512_castps_si512(_mm512_mul_ps(x, factor));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+    return _mm512_cvtepi32_epi16(_mm512_srli_epi32(
+        _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16));
+}
+
+// The part of factor * x that to_bf16 rounded off, itself rounded: hi + lo
+// carries 16 significant bits of x, so a product summed from both operands
+// errs about as much as a float32 one.
+inline __m256i to_bf16_rest(__m512 x, __m512 factor, __m256i hi) {
+    const __m512 top = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(hi), 16));
+    return to_bf16(_mm512_sub_ps(_mm512_mul_ps(x, factor), top), _mm512_set1_ps(1.0f));
+}
+
+// Out (rows x Kp bfloat16) = factor * X^T: out[r][j] = X[j][r] for the
+// cols columns of X (row stride ld) that become out's first rows, and its
+// n rows (the summed range); zeros past n and from row `cols` on. With lo,
+// also what the rounding left (to_bf16_rest), laid out the same.
+inline void transposed_rows(const float* X, int64_t ld, int n, int cols, int rows, int Kp,
+                            float factor, BFloat16* out, BFloat16* lo = nullptr) {
     const __m512i index = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(BQ));
-    std::memset(P + nq * Kp, 0, sizeof(BFloat16) * size_t(BQ - nq) * Kp);  // rows past nq
-    for (int r = 0; r < nq; ++r)
+        _mm512_set1_epi32(int(ld)));
+    const __m512 f = _mm512_set1_ps(factor);
+    std::memset(out + cols * Kp, 0, sizeof(BFloat16) * size_t(rows - cols) * Kp);
+    if (lo) std::memset(lo + cols * Kp, 0, sizeof(BFloat16) * size_t(rows - cols) * Kp);
+    for (int r = 0; r < cols; ++r)
         for (int j = 0; j < Kp; j += 16) {
-            const __mmask16 keys = j >= nk ? 0 : nk - j >= 16 ? 0xffff : (1u << (nk - j)) - 1u;
-            const __m512i bits = _mm512_castps_si512(_mm512_mask_i32gather_ps(
-                _mm512_setzero_ps(), keys, index, ST + j * BQ + r, 4));
-            const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
-            const __m512i rounded = _mm512_srli_epi32(
-                _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(P + r * Kp + j),
-                                _mm512_cvtepi32_epi16(rounded));
+            const __mmask16 in = j >= n ? 0 : n - j >= 16 ? 0xffff : (1u << (n - j)) - 1u;
+            const __m512 x = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), in, index, X + j * ld + r, 4);
+            const __m256i hi = to_bf16(x, f);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * Kp + j), hi);
+            if (lo)
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * Kp + j),
+                                    to_bf16_rest(x, f, hi));
+        }
+}
+
+// Out (rows x Kp bfloat16) = factor * X for X's first n rows and cols
+// columns (row stride ld); zeros past them. With lo, also what the rounding
+// left, as in transposed_rows.
+inline void rounded_rows(const float* X, int64_t ld, int n, int cols, int rows, int Kp,
+                         float factor, BFloat16* out, BFloat16* lo = nullptr) {
+    const __m512 f = _mm512_set1_ps(factor);
+    std::memset(out + n * Kp, 0, sizeof(BFloat16) * size_t(rows - n) * Kp);
+    if (lo) std::memset(lo + n * Kp, 0, sizeof(BFloat16) * size_t(rows - n) * Kp);
+    for (int r = 0; r < n; ++r)
+        for (int j = 0; j < Kp; j += 16) {
+            const __mmask16 in = j >= cols ? 0 : cols - j >= 16 ? 0xffff : (1u << (cols - j)) - 1u;
+            const __m512 x = _mm512_maskz_loadu_ps(in, X + r * ld + j);
+            const __m256i hi = to_bf16(x, f);
+            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * Kp + j), hi);
+            if (lo)
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * Kp + j),
+                                    to_bf16_rest(x, f, hi));
         }
 }
 

@@ -342,6 +342,7 @@ struct KeyBlock {
     int nk;
     bool k_finite;
     float *dK, *dV;
+    const BFloat16* Kv = nullptr;  // on AMX: K's rows in pairs (row_pairs), for dQ
 };
 
 // P = exp(scale Q K^T - lse) into P and dS = P * (dO V^T - delta) into dS
@@ -420,6 +421,39 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
         probabilities_and_gradients<false>(kb, nq, Nk, D, Dp, Qr, q_amx, p.q.t, p.scale, dOr, lse,
                                            delta, klo, khi, mods, P, dS);
     }
+#if defined(FLASHATTN_CPU_AMX)
+    // On AMX (bfloat16): dV += P^T dO, dK += dS^T (scale q) and
+    // dQ += dS (scale K), with P and dS each split into a bfloat16 and the
+    // bfloat16 of what that left (two products each): rounded once, as
+    // FlashAttention rounds them, the gradients came out up to 3x the
+    // float32 yardstick's error, the rule's limit. A masked tile whose rows
+    // hold an inf or NaN takes the float32 products below, which keep masked
+    // zeros away from them.
+    if constexpr (kAmxScores<T>) {
+        if (q_amx && (!masked || (kb.k_finite && all_finite(q_amx, nq, D, p.q.t) &&
+                                  all_finite(do0 + i0 * p.dout.t, nq, D, p.dout.t)))) {
+            const int Qp = int(round_up(nq, 32)), Kp = int(round_up(nk, 32));
+            const int keys = int(round_up(nk, 16)), rows = int(round_up(nq, 16));
+            BFloat16* At = reinterpret_cast<BFloat16*>(scratch(size_t(kBlockK) * Qp, 11));
+            BFloat16* Bq = reinterpret_cast<BFloat16*>(scratch(size_t(Qp) * Dp / 2, 12));
+            BFloat16* Ar = reinterpret_cast<BFloat16*>(scratch(size_t(BQ) * Kp, 13));
+            BFloat16* At_lo = At + size_t(kBlockK) * Qp;
+            BFloat16* Ar_lo = Ar + size_t(BQ) * Kp;
+            transposed_rows(P, kBlockK, nq, nk, keys, Qp, 1.0f, At, At_lo);
+            row_pairs(do0 + i0 * p.dout.t, p.dout.t, nq, D, Dp, Qp, Bq);
+            amx_accumulate(At, Qp, Bq, keys, Dp, kb.dV, Dp);
+            amx_accumulate(At_lo, Qp, Bq, keys, Dp, kb.dV, Dp);
+            transposed_rows(dS, kBlockK, nq, nk, keys, Qp, p.scale, At, At_lo);
+            row_pairs(q_amx, p.q.t, nq, D, Dp, Qp, Bq);
+            amx_accumulate(At, Qp, Bq, keys, Dp, kb.dK, Dp);
+            amx_accumulate(At_lo, Qp, Bq, keys, Dp, kb.dK, Dp);
+            rounded_rows(dS, kBlockK, nq, nk, rows, Kp, p.scale, Ar, Ar_lo);
+            amx_accumulate(Ar, Kp, kb.Kv, rows, Dp, dq, ldq);
+            amx_accumulate(Ar_lo, Kp, kb.Kv, rows, Dp, dq, ldq);
+            return;
+        }
+    }
+#endif
     // Products over the query rows, C (keys x Dp) += A^T B: dV += P^T dO and
     // dK += dS^T Q; ranged where a masked zero of A faces an inf or NaN of B.
     auto over_queries = [&](const float* A, const float* B, float* C) {
@@ -499,7 +533,17 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
         std::memset(dV, 0, sizeof(float) * size_t(nk) * Dp);
         if (rows.begin < rows.end) {
             lay_out_key_block(p, k0, v0, j0, nk, Kt, Vt, Kp, Dp);
-            const KeyBlock block{Kt, Vt, Kp, j0, nk, all_finite(Kp, nk, D, Dp), dK, dV};
+            KeyBlock block{Kt, Vt, Kp, j0, nk, all_finite(Kp, nk, D, Dp), dK, dV};
+#if defined(FLASHATTN_CPU_AMX)
+            if constexpr (kAmxScores<T>) {
+                if (amx_scores<T>(p)) {
+                    const int kp = int(round_up(nk, 32));
+                    BFloat16* Kv = reinterpret_cast<BFloat16*>(scratch(size_t(kp) * Dp / 2, 14));
+                    row_pairs(k0 + j0 * p.k.t, p.k.t, nk, D, Dp, kp, Kv);
+                    block.Kv = Kv;
+                }
+            }
+#endif
             for (int64_t h = heads0; h < heads1; ++h) {
                 const int64_t bh = b * p.H + h;
                 const ScoreMods score = ScoreMods::of(p, io.score, b, h);

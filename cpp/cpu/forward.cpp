@@ -320,13 +320,13 @@ public:
                 const int Kp = int(round_up(nk, 32)), BQ = BQ_, Dp = Dp_;
                 BFloat16* P = reinterpret_cast<BFloat16*>(scratch(size_t(BQ) * Kp / 2, 11));
                 BFloat16* Vv = reinterpret_cast<BFloat16*>(scratch(size_t(Kp) * Dp / 2 + 16, 12));
-                probability_rows(ST, nk, nq_, BQ, Kp, P);
-                value_pairs(v0_ + j0 * p_.v.t, p_.v.t, nk, p_.D, Dp, Kp, Vv);
+                transposed_rows(ST, BQ, nk, nq_, BQ, Kp, 1.0f, P);
+                row_pairs(v0_ + j0 * p_.v.t, p_.v.t, nk, p_.D, Dp, Kp, Vv);
                 if (corr)
                     for (int r = 0; r < nq_; ++r)
                         for (int d = 0; d < Dp; d += W)
                             simd::store(O_ + r * Dp + d, simd::load(O_ + r * Dp + d) * splat(corr[r]));
-                amx_accumulate_pv(P, Kp, Vv, BQ, Dp, O_);
+                amx_accumulate(P, Kp, Vv, BQ, Dp, O_, Dp);
                 return;
             }
         }

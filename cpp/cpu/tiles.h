@@ -124,7 +124,7 @@ private:
 // Per-thread scratch, grown on demand and kept for the thread's life so a
 // call allocates nothing per tile. Slots are independent buffers.
 inline float* scratch(size_t n_floats, int slot) {
-    thread_local AlignedBuffer buffers[13];
+    thread_local AlignedBuffer buffers[16];
     buffers[slot].resize(n_floats);
     return buffers[slot].data();
 }
