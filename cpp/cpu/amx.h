@@ -74,7 +74,13 @@ FLASHATTN_AMX_FN void amx_configure() {
     for (int t = 0; t < 3; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
     _tile_loadconfig(&cfg);
 }
-FLASHATTN_AMX_FN void amx_release() { _tile_release(); }
+FLASHATTN_AMX_FN void amx_save(TileConfig* cfg) { _tile_storeconfig(cfg); }
+FLASHATTN_AMX_FN void amx_restore(const TileConfig* cfg) {
+    if (cfg->palette)
+        _tile_loadconfig(cfg);
+    else
+        _tile_release();
+}
 
 // Configures the tiles again if something reset them since: glibc's lazy
 // binding of a call (its register save and restore) or another library's
@@ -89,20 +95,24 @@ FLASHATTN_AMX_FN void amx_ensure_configured() {
 }
 
 // The tiles configured for one task's scope (the functions below run only
-// inside one, and check that they still are), released at its end.
+// inside one, and check that they still are). At its end the thread's tile
+// configuration is put back as it was found (none, or another library's:
+// oneDNN, under torch, may keep its own loaded between its calls and trust
+// that it still is).
 class AmxScope {
 public:
     explicit AmxScope(bool on) : on_(on) {
-        if (on_) amx_configure();
+        if (on_) amx_save(&saved_), amx_configure();
     }
     ~AmxScope() {
-        if (on_) amx_release();
+        if (on_) amx_restore(&saved_);
     }
     AmxScope(const AmxScope&) = delete;
     AmxScope& operator=(const AmxScope&) = delete;
 
 private:
     const bool on_;
+    TileConfig saved_;
 };
 
 // C (round_up(M, 16) x N float32, row stride ldc) = A B over D (a multiple

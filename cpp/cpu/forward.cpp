@@ -191,25 +191,6 @@ public:
         for (int r = 0; r < BQ; ++r) m_[r] = sink_, l_[r] = sink_ == -simd::kInf ? 0.0f : 1.0f;
     }
 
-    // Q^T, scaled, from q's rows.
-    void load_queries(const T* q0, int D) {
-        const int BQ = BQ_, nq = nq_, g = g_;
-        const int64_t R0 = R0_, head0 = head0_;
-        // Scores stay in natural units, scale * q times k (the backward
-        // recomputes them bit for bit), until m is subtracted: s - m is exact
-        // however large both are. Rows are first gathered whole (wide loads
-        // keep many cache misses in flight), then transposed from L1.
-        float* Qr = scratch(size_t(BQ) * D, 9);
-        for (int r = 0; r < nq; ++r) {
-            const int64_t R = R0 + r, t = R / g, h = head0 + R % g;
-            load_row(Qr + r * D, q0 + h * p_.q.h + t * p_.q.t, D);
-        }
-        for (int d = 0; d < D; ++d) {
-            for (int r = 0; r < nq; ++r) Qt_[d * BQ + r] = Qr[r * D + d] * p_.scale;
-            for (int r = nq; r < BQ; ++r) Qt_[d * BQ + r] = 0.0f;
-        }
-    }
-
     bool alibi() const { return mods_.alibi; }
 
     // Folds keys [j0, j0 + nk) into the state.
@@ -366,6 +347,25 @@ public:
     }
 
 private:
+    // Q^T, scaled, from q's rows.
+    void load_queries(const T* q0, int D) {
+        const int BQ = BQ_, nq = nq_, g = g_;
+        const int64_t R0 = R0_, head0 = head0_;
+        // Scores stay in natural units, scale * q times k (the backward
+        // recomputes them bit for bit), until m is subtracted: s - m is exact
+        // however large both are. Rows are first gathered whole (wide loads
+        // keep many cache misses in flight), then transposed from L1.
+        float* Qr = scratch(size_t(BQ) * D, 9);
+        for (int r = 0; r < nq; ++r) {
+            const int64_t R = R0 + r, t = R / g, h = head0 + R % g;
+            load_row(Qr + r * D, q0 + h * p_.q.h + t * p_.q.t, D);
+        }
+        for (int d = 0; d < D; ++d) {
+            for (int r = 0; r < nq; ++r) Qt_[d * BQ + r] = Qr[r * D + d] * p_.scale;
+            for (int r = nq; r < BQ; ++r) Qt_[d * BQ + r] = 0.0f;
+        }
+    }
+
     const FlashParams& p_;
     const ForwardIO& io_;
     const int64_t b_, head0_;

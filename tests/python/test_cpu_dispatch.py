@@ -88,3 +88,30 @@ def test_a_path_this_cpu_cannot_run_is_a_runtime_error(isa):
             "try:\n    fa.cpu_isa()\nexcept RuntimeError as e:\n    print('RuntimeError:', e)\n")
     r = run_python(isa, "-c", code)
     assert f"RuntimeError: FLASHATTN_CPU_ISA='{isa}': this CPU cannot run it" in r.stdout
+
+
+# torch's bfloat16 attention (oneDNN, on AMX where the CPU has it) and ours
+# take turns on the same threads: each must find the tiles as it expects.
+TORCH_AND_OURS = """
+import numpy as np, torch, ml_dtypes, flashattn as fa
+torch.manual_seed(0)
+q = torch.randn(1, 8, 256, 64).bfloat16()
+ref = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+x = q.float().permute(0, 2, 1, 3).numpy().astype(ml_dtypes.bfloat16)
+ours0 = fa.attention(x, x, x).astype(np.float32)
+for _ in range(3):
+    again = torch.nn.functional.scaled_dot_product_attention(q, q, q)
+    assert torch.equal(again, ref), "torch's result changed after ours ran"
+    ours = fa.attention(x, x, x).astype(np.float32)
+    assert np.array_equal(ours, ours0), "our result changed after torch's ran"
+assert np.abs(ours0 - ref.float().permute(0, 2, 1, 3).numpy()).max() < 0.05
+print("ok")
+"""
+
+
+def test_torch_and_our_bfloat16_attention_take_turns_on_a_thread():
+    pytest.importorskip("torch")
+    r = subprocess.run([sys.executable, "-c", TORCH_AND_OURS], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stdout.rstrip().endswith("ok")
