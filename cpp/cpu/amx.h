@@ -68,10 +68,10 @@ struct alignas(64) TileConfig {
 
 #define FLASHATTN_AMX_FN __attribute__((target("amx-tile,amx-bf16"), visibility("hidden"))) inline
 
-// Tiles 0-2, 16 rows of 64 bytes each: all the products below use.
+// All eight tiles, 16 rows of 64 bytes each, as the products below use them.
 FLASHATTN_AMX_FN void amx_configure() {
     TileConfig cfg;
-    for (int t = 0; t < 3; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
+    for (int t = 0; t < 8; ++t) cfg.colsb[t] = 64, cfg.rows[t] = 16;
     _tile_loadconfig(&cfg);
 }
 FLASHATTN_AMX_FN void amx_save(TileConfig* cfg) { _tile_storeconfig(cfg); }
@@ -89,9 +89,9 @@ FLASHATTN_AMX_FN void amx_restore(const TileConfig* cfg) {
 FLASHATTN_AMX_FN void amx_ensure_configured() {
     TileConfig now;
     _tile_storeconfig(&now);
-    if (now.palette != 1 || now.rows[2] != 16 || now.colsb[2] != 64 || now.rows[0] != 16 ||
-        now.colsb[0] != 64 || now.rows[1] != 16 || now.colsb[1] != 64)
-        amx_configure();
+    bool ours = now.palette == 1;
+    for (int t = 0; t < 8; ++t) ours &= now.rows[t] == 16 && now.colsb[t] == 64;
+    if (!ours) amx_configure();
 }
 
 // The tiles configured for one task's scope (the functions below run only
@@ -144,23 +144,59 @@ FLASHATTN_AMX_FN void amx_scores_tiles(const BFloat16* A, int64_t lda, int M, in
     }
 }
 
-// C (M x N float32, row stride ldc; M, N multiples of 16) += A B on AMX: A
+// C (M x N float32, row stride ldc; M a multiple of 16, N of 32) += A B: A
 // as bfloat16 rows (M x Kp, Kp a multiple of 32, zero past the summed
 // range), B as pairs of its rows (Kp / 2 x N pairs, laid out by row_pairs).
 // P V, P^T dO, dS^T q and dS K are all this product.
+// Blocks of 32 x 32 of C stay in tiles 0-3 while the sum runs, against two
+// tiles of A (4, 5) and two of B (6, 7): one tile load per product, where
+// loading C, A and B for each would cost three.
 FLASHATTN_AMX_FN void amx_accumulate(const BFloat16* A, int Kp, const BFloat16* Bv, int M, int N,
                                      float* C, int64_t ldc) {
     amx_ensure_configured();
-    for (int mt = 0; mt < M; mt += 16)
-        for (int c = 0; c < Kp / 32; ++c) {
-            _tile_loadd(1, A + mt * Kp + c * 32, Kp * int64_t(sizeof(BFloat16)));
-            for (int nt = 0; nt < N; nt += 16) {
-                _tile_loadd(0, C + mt * ldc + nt, ldc * int64_t(sizeof(float)));
-                _tile_loadd(2, Bv + c * 16 * (2 * N) + 2 * nt, 2 * N * int64_t(sizeof(BFloat16)));
-                _tile_dpbf16ps(0, 1, 2);
-                _tile_stored(0, C + mt * ldc + nt, ldc * int64_t(sizeof(float)));
+    const int64_t lda = Kp * int64_t(sizeof(BFloat16)), ldb = 2 * N * int64_t(sizeof(BFloat16));
+    const int64_t ldcb = ldc * int64_t(sizeof(float));
+    for (int nt = 0; nt < N; nt += 32) {  // N is a multiple of 32
+        int mt = 0;
+        for (; mt + 32 <= M; mt += 32) {
+            float* c0 = C + mt * ldc + nt;
+            float* c1 = c0 + 16 * ldc;
+            _tile_loadd(0, c0, ldcb);
+            _tile_loadd(1, c0 + 16, ldcb);
+            _tile_loadd(2, c1, ldcb);
+            _tile_loadd(3, c1 + 16, ldcb);
+            for (int c = 0; c < Kp / 32; ++c) {
+                const BFloat16* b = Bv + c * 16 * (2 * N) + 2 * nt;
+                _tile_loadd(4, A + mt * Kp + c * 32, lda);
+                _tile_loadd(5, A + (mt + 16) * Kp + c * 32, lda);
+                _tile_loadd(6, b, ldb);
+                _tile_loadd(7, b + 32, ldb);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
             }
+            _tile_stored(0, c0, ldcb);
+            _tile_stored(1, c0 + 16, ldcb);
+            _tile_stored(2, c1, ldcb);
+            _tile_stored(3, c1 + 16, ldcb);
         }
+        if (mt < M) {  // one row tile left
+            float* c0 = C + mt * ldc + nt;
+            _tile_loadd(0, c0, ldcb);
+            _tile_loadd(1, c0 + 16, ldcb);
+            for (int c = 0; c < Kp / 32; ++c) {
+                const BFloat16* b = Bv + c * 16 * (2 * N) + 2 * nt;
+                _tile_loadd(4, A + mt * Kp + c * 32, lda);
+                _tile_loadd(6, b, ldb);
+                _tile_loadd(7, b + 32, ldb);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+            }
+            _tile_stored(0, c0, ldcb);
+            _tile_stored(1, c0 + 16, ldcb);
+        }
+    }
 }
 
 // Out (Kp / 2 rows of 2 Dp) = rows [0, n) of a bfloat16 matrix X (ld apart,
