@@ -115,31 +115,67 @@ private:
     TileConfig saved_;
 };
 
+// One block of C = A B over D (see amx_scores_tiles): RM (1 or 2) tiles of
+// A's rows (a0, a1; byte strides sa0, sa1) against RN (1 or 2) tiles of B's
+// columns, in tiles 0-3 (A in 4-5, B in 6-7). Up to four independent sums:
+// a single one would wait out the latency of each product before the next.
+template <int RM, int RN>
+FLASHATTN_AMX_FN void amx_scores_block(const BFloat16* a0, int64_t sa0, const BFloat16* a1,
+                                       int64_t sa1, int D, const PairBits* B, int ldb, float* C,
+                                       int ldc) {
+    const int64_t ldbb = ldb * int64_t(sizeof(PairBits)), ldcb = ldc * int64_t(sizeof(float));
+    _tile_zero(0);
+    if constexpr (RN > 1) _tile_zero(1);
+    if constexpr (RM > 1) _tile_zero(2);
+    if constexpr (RM > 1 && RN > 1) _tile_zero(3);
+    for (int c = 0; c < D / 32; ++c) {
+        const PairBits* b = B + c * 16 * ldb;
+        _tile_loadd(4, a0 + c * 32, sa0);
+        if constexpr (RM > 1) _tile_loadd(5, a1 + c * 32, sa1);
+        _tile_loadd(6, b, ldbb);
+        if constexpr (RN > 1) _tile_loadd(7, b + 16, ldbb);
+        _tile_dpbf16ps(0, 4, 6);
+        if constexpr (RN > 1) _tile_dpbf16ps(1, 4, 7);
+        if constexpr (RM > 1) _tile_dpbf16ps(2, 5, 6);
+        if constexpr (RM > 1 && RN > 1) _tile_dpbf16ps(3, 5, 7);
+    }
+    _tile_stored(0, C, ldcb);
+    if constexpr (RN > 1) _tile_stored(1, C + 16, ldcb);
+    if constexpr (RM > 1) _tile_stored(2, C + 16 * ldc, ldcb);
+    if constexpr (RM > 1 && RN > 1) _tile_stored(3, C + 16 * ldc + 16, ldcb);
+}
+
 // C (round_up(M, 16) x N float32, row stride ldc) = A B over D (a multiple
 // of 32), unscaled: A is M bfloat16 rows, lda elements apart (K's or q's),
 // B the other operand's pairs (D / 2 x N, row stride ldb; N a multiple of 16).
-// Rows of C past M come out 0.
+// Rows of C past M come out 0. Each score is the same products summed in the
+// same order whichever block computes it.
 FLASHATTN_AMX_FN void amx_scores_tiles(const BFloat16* A, int64_t lda, int M, int D,
                                        const PairBits* B, int ldb, int N, float* C, int ldc) {
     alignas(64) BFloat16 pad[16 * kMaxD];  // a partial tile of rows, zero after M
-    for (int mt = 0; mt < M; mt += 16) {
-        const BFloat16* a = A + mt * lda;
-        int64_t a_stride = lda * int64_t(sizeof(BFloat16));
-        if (M - mt < 16) {
-            std::memset(pad, 0, sizeof(BFloat16) * 16 * size_t(D));
-            for (int r = 0; r < M - mt; ++r)
-                std::memcpy(pad + r * D, a + r * lda, sizeof(BFloat16) * size_t(D));
-            a = pad, a_stride = D * int64_t(sizeof(BFloat16));
-        }
-        amx_ensure_configured();  // (after the copies: memcpy may be bound lazily)
-        for (int nt = 0; nt < N; nt += 16) {
-            _tile_zero(0);
-            for (int c = 0; c < D / 32; ++c) {
-                _tile_loadd(1, a + c * 32, a_stride);
-                _tile_loadd(2, B + c * 16 * ldb + nt, ldb * int64_t(sizeof(PairBits)));
-                _tile_dpbf16ps(0, 1, 2);
-            }
-            _tile_stored(0, C + mt * ldc + nt, ldc * int64_t(sizeof(float)));
+    const int full = M / 16 * 16;         // rows in whole tiles, read in place
+    if (full < M) {
+        std::memset(pad, 0, sizeof(BFloat16) * 16 * size_t(D));
+        for (int r = 0; r < M - full; ++r)
+            std::memcpy(pad + r * D, A + (full + r) * lda, sizeof(BFloat16) * size_t(D));
+    }
+    amx_ensure_configured();  // (after the copies: memcpy may be bound lazily)
+    const int64_t sa = lda * int64_t(sizeof(BFloat16)), spad = D * int64_t(sizeof(BFloat16));
+    auto tile = [&](int mt) { return mt < full ? A + mt * lda : pad; };
+    auto stride = [&](int mt) { return mt < full ? sa : spad; };
+    for (int mt = 0; mt < M; mt += 32) {
+        const BFloat16 *a0 = tile(mt), *a1 = tile(mt + 16);
+        const int64_t s0 = stride(mt), s1 = stride(mt + 16);
+        float* c = C + mt * ldc;
+        int nt = 0;
+        if (mt + 16 < M) {
+            for (; nt + 32 <= N; nt += 32)
+                amx_scores_block<2, 2>(a0, s0, a1, s1, D, B + nt, ldb, c + nt, ldc);
+            if (nt < N) amx_scores_block<2, 1>(a0, s0, a1, s1, D, B + nt, ldb, c + nt, ldc);
+        } else {
+            for (; nt + 32 <= N; nt += 32)
+                amx_scores_block<1, 2>(a0, s0, a0, s0, D, B + nt, ldb, c + nt, ldc);
+            if (nt < N) amx_scores_block<1, 1>(a0, s0, a0, s0, D, B + nt, ldb, c + nt, ldc);
         }
     }
 }
@@ -237,27 +273,63 @@ inline __m256i to_bf16_rest(__m512 x, __m512 factor, __m256i hi) {
     return to_bf16(_mm512_sub_ps(_mm512_mul_ps(x, factor), top), _mm512_set1_ps(1.0f));
 }
 
+// Transposes 16 rows of 16 floats in registers: x[i][j] becomes x[j][i]
+// (pairs, then quadruples, then 128-bit lanes).
+inline void transpose16(__m512 (&x)[16]) {
+    __m512 t[16];
+#pragma GCC unroll 8
+    for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(x[i], x[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(x[i], x[i + 1]);
+    }
+    __m512 u[16];  // u[4 i + e], lane L: column 4 L + e of rows 4 i .. 4 i + 3
+#pragma GCC unroll 4
+    for (int i = 0; i < 16; i += 4) {
+        const __m512d a = _mm512_castps_pd(t[i]), b = _mm512_castps_pd(t[i + 1]);
+        const __m512d c = _mm512_castps_pd(t[i + 2]), d = _mm512_castps_pd(t[i + 3]);
+        u[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+        u[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+        u[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+        u[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+#pragma GCC unroll 4
+    for (int e = 0; e < 4; ++e) {
+        const __m512 v0 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0x44);
+        const __m512 v1 = _mm512_shuffle_f32x4(u[e], u[4 + e], 0xee);
+        const __m512 v2 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0x44);
+        const __m512 v3 = _mm512_shuffle_f32x4(u[8 + e], u[12 + e], 0xee);
+        x[e] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+        x[4 + e] = _mm512_shuffle_f32x4(v0, v2, 0xdd);
+        x[8 + e] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+        x[12 + e] = _mm512_shuffle_f32x4(v1, v3, 0xdd);
+    }
+}
+
 // Out (rows x Kp bfloat16) = factor * X^T: out[r][j] = X[j][r] for the
-// cols columns of X (row stride ld) that become out's first rows, and its
-// n rows (the summed range); zeros past n and from row `cols` on. With lo,
-// also what the rounding left (to_bf16_rest), laid out the same.
+// cols columns of X (row stride ld, a multiple of 16 at least
+// round_up(cols, 16)) that become out's first rows, and its n rows (the
+// summed range); zeros past n and from row `cols` on. With lo, also what
+// the rounding left (to_bf16_rest), laid out the same. Blocks of 16 x 16
+// are transposed in registers.
 inline void transposed_rows(const float* X, int64_t ld, int n, int cols, int rows, int Kp,
                             float factor, BFloat16* out, BFloat16* lo = nullptr) {
-    const __m512i index = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32(int(ld)));
     const __m512 f = _mm512_set1_ps(factor);
     std::memset(out + cols * Kp, 0, sizeof(BFloat16) * size_t(rows - cols) * Kp);
     if (lo) std::memset(lo + cols * Kp, 0, sizeof(BFloat16) * size_t(rows - cols) * Kp);
-    for (int r = 0; r < cols; ++r)
-        for (int j = 0; j < Kp; j += 16) {
-            const __mmask16 in = j >= n ? 0 : n - j >= 16 ? 0xffff : (1u << (n - j)) - 1u;
-            const __m512 x = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), in, index, X + j * ld + r, 4);
-            const __m256i hi = to_bf16(x, f);
-            _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * Kp + j), hi);
-            if (lo)
-                _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + r * Kp + j),
-                                    to_bf16_rest(x, f, hi));
+    for (int r0 = 0; r0 < cols; r0 += 16)
+        for (int j0 = 0; j0 < Kp; j0 += 16) {
+            __m512 x[16];
+#pragma GCC unroll 16
+            for (int i = 0; i < 16; ++i)
+                x[i] = j0 + i < n ? _mm512_loadu_ps(X + (j0 + i) * ld + r0) : _mm512_setzero_ps();
+            transpose16(x);
+            for (int i = 0; i < 16 && r0 + i < cols; ++i) {
+                const __m256i hi = to_bf16(x[i], f);
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + (r0 + i) * Kp + j0), hi);
+                if (lo)
+                    _mm256_storeu_si256(reinterpret_cast<__m256i*>(lo + (r0 + i) * Kp + j0),
+                                        to_bf16_rest(x[i], f, hi));
+            }
         }
 }
 
