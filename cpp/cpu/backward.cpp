@@ -42,6 +42,7 @@
 #include "cpu/amx.h"
 #include "cpu/convert.h"
 #include "cpu/gemm.h"
+#include "cpu/paired_rows.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tiles.h"
 #include "cpu/score_mods.h"
@@ -283,6 +284,8 @@ struct Context {
     int BQ, Dp;
     int heads;           // query heads per task (heads_per_task)
     float* dkv_partial;  // heads < group: (2, B, H, Tk, D), each head's dK then dV
+    const PairedRows& q_pairs;   // on AMX, q and do in pairs for the whole call (or off)
+    const PairedRows& do_pairs;
 };
 
 // The key block's operands, from keys [j0, j0 + nk): K^T and V^T (D x BK,
@@ -395,12 +398,13 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
     float* dOr = scratch(size_t(BQ) * Dp, 4);
     float* P = scratch(size_t(BQ) * kBlockK, 5);
     float* dS = scratch(size_t(BQ) * kBlockK, 6);
-    gather_rows(q0, p.q.t, i0, nq, D, Dp, p.scale, Qr);  // as the forward scales it
-    gather_rows(do0, p.dout.t, i0, nq, D, Dp, 1.0f, dOr);
-    // q's own rows, where the scores come from AMX (as in the forward).
+    // q's own rows, where the scores come from AMX (as in the forward); its
+    // float32 rows are then needed only by the float32 products below.
     const BFloat16* q_amx = nullptr;
     if constexpr (kAmxScores<T>)
         if (amx_scores<T>(p)) q_amx = q0 + i0 * p.q.t;
+    if (!q_amx) gather_rows(q0, p.q.t, i0, nq, D, Dp, p.scale, Qr);  // as the forward scales it
+    gather_rows(do0, p.dout.t, i0, nq, D, Dp, 1.0f, dOr);
     float lse[kBlockQ];
     for (int r = 0; r < nq; ++r) {
         // A row with lse = -inf saw no key in the forward: no gradient.
@@ -439,14 +443,20 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
             BFloat16* Ar = reinterpret_cast<BFloat16*>(scratch(size_t(BQ) * Kp, 13));
             BFloat16* At_lo = At + size_t(kBlockK) * Qp;
             BFloat16* Ar_lo = Ar + size_t(BQ) * Kp;
+            // do's and q's rows in pairs: the call's, or laid out here.
+            auto pairs_of = [&](const PairedRows& all, const BFloat16* rows, int64_t ld) {
+                if (const BFloat16* x = all.block(b, h, i0, nq)) return x;
+                row_pairs(rows, ld, nq, D, Dp, Qp, Bq);
+                return static_cast<const BFloat16*>(Bq);
+            };
             transposed_rows(P, kBlockK, nq, nk, keys, Qp, 1.0f, At, At_lo);
-            row_pairs(do0 + i0 * p.dout.t, p.dout.t, nq, D, Dp, Qp, Bq);
-            amx_accumulate(At, Qp, Bq, keys, Dp, kb.dV, Dp);
-            amx_accumulate(At_lo, Qp, Bq, keys, Dp, kb.dV, Dp);
+            const BFloat16* dO_pairs = pairs_of(cx.do_pairs, do0 + i0 * p.dout.t, p.dout.t);
+            amx_accumulate(At, Qp, dO_pairs, keys, Dp, kb.dV, Dp);
+            amx_accumulate(At_lo, Qp, dO_pairs, keys, Dp, kb.dV, Dp);
             transposed_rows(dS, kBlockK, nq, nk, keys, Qp, p.scale, At, At_lo);
-            row_pairs(q_amx, p.q.t, nq, D, Dp, Qp, Bq);
-            amx_accumulate(At, Qp, Bq, keys, Dp, kb.dK, Dp);
-            amx_accumulate(At_lo, Qp, Bq, keys, Dp, kb.dK, Dp);
+            const BFloat16* q_pairs = pairs_of(cx.q_pairs, q_amx, p.q.t);
+            amx_accumulate(At, Qp, q_pairs, keys, Dp, kb.dK, Dp);
+            amx_accumulate(At_lo, Qp, q_pairs, keys, Dp, kb.dK, Dp);
             rounded_rows(dS, kBlockK, nq, nk, rows, Kp, p.scale, Ar, Ar_lo);
             amx_accumulate(Ar, Kp, kb.Kv, rows, Dp, dq, ldq);
             amx_accumulate(Ar_lo, Kp, kb.Kv, rows, Dp, dq, ldq);
@@ -454,6 +464,7 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
         }
     }
 #endif
+    if (q_amx) gather_rows(q0, p.q.t, i0, nq, D, Dp, p.scale, Qr);
     // Products over the query rows, C (keys x Dp) += A^T B: dV += P^T dO and
     // dK += dS^T Q; ranged where a masked zero of A faces an inf or NaN of B.
     auto over_queries = [&](const float* A, const float* B, float* C) {
@@ -641,8 +652,15 @@ void backward_call(const FlashParams& p, const BackwardIO& io) {
     const ChunkPlan plan = choose_chunks(p, BQ, Dp, heads, std::is_same_v<T, float>);
     AlignedBuffer partial(size_t(p.B) * p.H * size_t(plan.partial_rows) * Dp);
     AlignedBuffer dkv_partial(heads < p.group ? 2 * size_t(p.B) * p.H * size_t(p.Tk) * p.D : 0);
-    const Context cx{p,  io,          delta.data(), partial.data(), plan.partial_rows,
-                     BQ, Dp,          heads,        dkv_partial.data()};
+    // q and do in pairs where each query tile meets several key blocks.
+    const bool pair = amx_scores<T>(p) && p.Tk > kBlockK;
+    const PairedRows q_pairs =
+        pair ? PairedRows(std::in_place_type<T>, io.q, p.q, p.B, p.H, p.Tq, p.D) : PairedRows();
+    const PairedRows do_pairs = pair ? PairedRows(std::in_place_type<T>, io.dout, p.dout, p.B,
+                                                  p.H, p.Tq, p.D)
+                                     : PairedRows();
+    const Context cx{p,  io, delta.data(), partial.data(), plan.partial_rows, BQ,
+                     Dp, heads, dkv_partial.data(), q_pairs, do_pairs};
 
     const int64_t units = int64_t(p.B) * p.H / heads;
     const int64_t n_chunks = int64_t(plan.chunks.size());

@@ -33,6 +33,7 @@
 #include "cpu/convert.h"
 #include "cpu/gemm.h"
 #include "cpu/merge.h"
+#include "cpu/paired_rows.h"
 #include "cpu/thread_pool.h"
 #include "cpu/tiles.h"
 #include "cpu/score_mods.h"
@@ -163,7 +164,7 @@ public:
 
     TileState(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t head0, int g,
               int64_t R0, int nq, int BQ, bool with_sink, float* state,
-              const BFloat16* v_pairs = nullptr)
+              const PairedRows* v_pairs = nullptr)
         : p_(p), io_(io), b_(b), head0_(head0), g_(g), R0_(R0), nq_(nq), BQ_(BQ),
           Dp_(int(round_up(p.D, W))),
           k0_(static_cast<const T*>(io.k) + b * p.k.b + head0 / p.group * p.k.h),
@@ -302,13 +303,9 @@ public:
                 const int Kp = int(round_up(nk, 32)), BQ = BQ_, Dp = Dp_;
                 BFloat16* P = reinterpret_cast<BFloat16*>(scratch(size_t(BQ) * Kp / 2, 11));
                 transposed_rows(ST, BQ, nk, nq_, BQ, Kp, 1.0f, P);
-                // The call's pairs serve where their rows past nk (up to Kp)
-                // are none or its zero padding: any other key there, 0 in P,
-                // would meet that key's V (0 * inf is NaN).
-                const BFloat16* Vv;
-                if (v_pairs_ && j0 % 2 == 0 && (nk % 32 == 0 || j0 + nk == p_.Tk)) {
-                    Vv = v_pairs_ + j0 * Dp;  // pair row j0 / 2, 2 Dp wide
-                } else {
+                const BFloat16* Vv = nullptr;
+                if (v_pairs_) Vv = v_pairs_->block(b_, head0_ / p_.group, j0, nk);
+                if (!Vv) {
                     BFloat16* pairs =
                         reinterpret_cast<BFloat16*>(scratch(size_t(Kp) * Dp / 2 + 16, 12));
                     row_pairs(v0_ + j0 * p_.v.t, p_.v.t, nk, p_.D, Dp, Kp, pairs);
@@ -393,7 +390,7 @@ private:
     const bool masked_;
     const float sink_;
     const bool amx_;  // bfloat16 scores on AMX (cpu/amx.h); Qt_ holds q's pairs
-    const BFloat16* const v_pairs_;  // on AMX, this kv head's V in pairs (VPairs) or null
+    const PairedRows* const v_pairs_;  // on AMX, V in pairs for the whole call, or null
     bool have_max_ = false;  // every row has seen a key: m is finite
 };
 
@@ -401,7 +398,7 @@ private:
 template <class T>
 void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t head0, int g,
                    int64_t R0, int nq, int BQ, Range keys, const TileOutput& out,
-                   bool with_sink, const BFloat16* v_pairs) {
+                   bool with_sink, const PairedRows* v_pairs) {
     TileState<T> tile(p, io, b, head0, g, R0, nq, BQ, with_sink,
                       scratch(TileState<T>::state_floats(p, BQ), 0), v_pairs);
     // Key blocks in order, except with ALiBi: its bias falls with the
@@ -425,48 +422,6 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
     }
     tile.finish(out);
 }
-
-// V's rows in pairs (cpu/amx.h row_pairs), laid out once per call for
-// bfloat16 on AMX when each key block serves several query tiles: laying
-// out a block for each tile that meets it cost a sixth of the forward's time
-// at T = 4096. One bfloat16 copy of V (no float32 one); per kv head,
-// round_up(Tk, 32) + 32 keys, zeros past Tk.
-class VPairs {
-public:
-    template <class T>
-    VPairs(std::in_place_type_t<T>, const FlashParams& p, const ForwardIO& io, bool on)
-        : Dp_(int(round_up(p.D, W))), keys_(round_up(p.Tk, 32) + 32) {
-        if constexpr (kAmxScores<T>) {
-            if (!on) return;
-            const int64_t heads = int64_t(p.B) * (p.H / p.group);
-            constexpr int64_t kChunk = 512;  // keys per task
-            const int64_t chunks = keys_ / kChunk + 1;
-            buffer_.resize(size_t(heads * keys_ / 2 * Dp_));
-            parallel_for(heads * chunks, [&](int64_t task) {
-                const int64_t u = task / chunks, j0 = task % chunks * kChunk;
-                if (j0 >= keys_) return;
-                const int64_t b = u / (p.H / p.group), kvh = u % (p.H / p.group);
-                const T* v = static_cast<const T*>(io.v) + b * p.v.b + kvh * p.v.h + j0 * p.v.t;
-                const int n = int(std::clamp<int64_t>(p.Tk - j0, 0, kChunk));
-                row_pairs(v, p.v.t, n, p.D, Dp_, int(std::min(kChunk, keys_ - j0)),
-                          head(b, kvh, p) + j0 * Dp_);
-            });
-        } else {
-            (void)io, (void)on;
-        }
-    }
-    // Batch b, kv head kvh: pair row k (keys 2 k, 2 k + 1) at 2 Dp k; null when off.
-    BFloat16* head(int64_t b, int64_t kvh, const FlashParams& p) {
-        if (buffer_.data() == nullptr) return nullptr;
-        return reinterpret_cast<BFloat16*>(buffer_.data()) +
-               (b * (p.H / p.group) + kvh) * keys_ * Dp_;
-    }
-
-private:
-    const int Dp_;
-    const int64_t keys_;
-    AlignedBuffer buffer_;
-};
 
 // Split-KV ("flash decoding"): a call with too few tasks to keep the cores
 // busy (a decoding step has one per batch, its kv heads' tiles carried
@@ -544,9 +499,12 @@ void forward_call(const FlashParams& p, const ForwardIO& io) {
                            : TileOutput{part_o.data() + size_t(t * splits + s) * BQ * p.D,
                                         part_lse.data() + size_t(t * splits + s) * BQ};
     };
-    // (VPairs: the tasks that carry several heads lay out their own, once
-    // per key block, and then use them once.)
-    VPairs v_pairs(std::in_place_type<T>, p, io, amx_scores<T>(p) && per_task == 1 && blocks >= 2);
+    // V in pairs where each key block meets several query tiles (tasks that
+    // carry several heads lay out each block once and use it once).
+    const PairedRows v_pairs = amx_scores<T>(p) && per_task == 1 && blocks >= 2
+                                   ? PairedRows(std::in_place_type<T>, io.v, p.v, p.B,
+                                                p.H / p.group, p.Tk, p.D)
+                                   : PairedRows();
     parallel_for(tasks * splits, [&](int64_t task) {
         const AmxScope tiles(amx_scores<T>(p));
         const int64_t u = task / splits, s = task % splits, first = u % tasks_per_batch * per_task;
@@ -557,7 +515,7 @@ void forward_call(const FlashParams& p, const ForwardIO& io) {
         // A sink is one logit of the row, not of each part: the first part has it.
         if (n == 1) {
             forward_block<T>(p, io, x0.b, x0.head0, g, x0.R0, x0.nq, BQ, keys, output_of(t0, s),
-                             s == 0, v_pairs.head(x0.b, x0.head0 / p.group, p));
+                             s == 0, &v_pairs);
             return;
         }
         const size_t floats = TileState<T>::state_floats(p, BQ);
