@@ -2,8 +2,9 @@
 // (batch, kv head, block of query rows, its group's query heads packed in:
 // tiles.h); each walks the key blocks of its band with an online softmax and
 // writes o and lse = log(sum exp(scale * q.k)). Decoding tasks carry the
-// tiles of several kv heads through the keys together, and calls with few
-// tasks also split the keys (split-KV, below).
+// tiles of several kv heads through the keys together, tasks of half inputs
+// several query tiles of one kv head (each key block converted once for all
+// of them), and calls with few tasks also split the keys (split-KV, below).
 //
 // Tiles are held transposed, keys x queries, so the queries of a tile run
 // along the vector lanes: the softmax statistics (max, sum, rescale) of W
@@ -143,6 +144,64 @@ struct TileOutput {
     float* lse = nullptr;
 };
 
+// A tile of query rows: rows [R0, R0 + nq) of batch b's query heads from
+// head0 (packed as TileState says).
+struct QueryTile {
+    int64_t b, head0, R0;
+    int nq;
+};
+
+// The K and V rows of keys [j0, j0 + nk) of one kv head as the float32
+// operands of a step: float32 rows in place (V only when D needs no
+// padding), half rows converted once, on first use, into per-thread tiles
+// that every query tile stepping through the block then shares (a task
+// carrying several query tiles of a head pays one conversion per block, not
+// one per tile). AMX reads bfloat16 rows itself: prepare() then leaves K and
+// V null, and the step converts V where it needs float32 rows.
+template <class T>
+class KeyBlock {
+public:
+    KeyBlock(const FlashParams& p, const T* k_rows, const T* v_rows, int nk, bool amx)
+        : p_(p), k_rows_(k_rows), v_rows_(v_rows), nk_(nk), amx_(amx) {}
+
+    void prepare() {
+        if (ready_) return;
+        ready_ = true;
+        if (amx_) return;
+        const int D = p_.D, Dp = int(round_up(D, W)), nk = nk_;
+        if constexpr (std::is_same_v<T, float>) {
+            K = k_rows_, ldk = p_.k.t;
+            if (D == Dp) {
+                V = v_rows_, ldv = p_.v.t;
+                return;
+            }
+        } else {
+            float* Kc = scratch(size_t(kBlockK) * D, 11);
+            for (int j = 0; j < nk; ++j) load_row(Kc + j * D, k_rows_ + j * p_.k.t, D);
+            K = Kc, ldk = D;
+        }
+        float* Vp = scratch(size_t(kBlockK) * Dp, 1);  // keys x Dp, zero-padded
+        for (int j = 0; j < nk; ++j) {
+            load_row(Vp + j * Dp, v_rows_ + j * p_.v.t, D);
+            for (int d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
+        }
+        V = Vp, ldv = Dp;
+    }
+
+    const float* K = nullptr;
+    int64_t ldk = 0;
+    const float* V = nullptr;
+    int64_t ldv = 0;
+
+private:
+    const FlashParams& p_;
+    const T* const k_rows_;
+    const T* const v_rows_;
+    const int nk_;
+    const bool amx_;
+    bool ready_ = false;
+};
+
 // One tile: rows [R0, R0 + nq) of the query heads head0 .. head0 + g - 1
 // of batch b, packed (tiles.h: row R is position R / g of head
 // head0 + R % g; g = p.group packs a kv head's whole group, g = 1 is one
@@ -195,12 +254,16 @@ public:
 
     bool alibi() const { return mods_.alibi; }
 
-    // Folds keys [j0, j0 + nk) into the state.
-    void step(int64_t j0, int nk) {
-        constexpr bool in_place = std::is_same_v<T, float>;
+    // The operands of keys [j0, j0 + nk) of this tile's kv head, for step.
+    KeyBlock<T> key_block(int64_t j0, int nk) const {
+        return KeyBlock<T>(p_, k0_ + j0 * p_.k.t, v0_ + j0 * p_.v.t, nk, amx_);
+    }
+
+    // Folds keys [j0, j0 + nk) into the state; kb is key_block(j0, nk) of
+    // this tile or of another tile of the same kv head.
+    void step(int64_t j0, int nk, KeyBlock<T>& kb) {
         const int D = p_.D, Dp = Dp_, BQ = BQ_, nq = nq_, g = g_;
         const int64_t R0 = R0_, i0 = R0_;  // i0: the first row, where g == 1 (score options)
-        float* Vp = scratch(size_t(kBlockK) * Dp, 1);  // keys x Dp, zero-padded
         float* ST = scratch(size_t(kBlockK) * BQ, 2);  // keys x queries
         float* corr = scratch(size_t(BQ), 6);
         float* colmax = scratch(size_t(BQ), 7);
@@ -212,30 +275,20 @@ public:
             return;  // the mask hides every score of this block
         const ModsEpilogue mod{mods_.active ? &mods_ : nullptr, j0, i0, bias, BQ};
         const bool full = block_inside_band(p_, R0, R0 + nq, j0, j0 + nk, g);
-        // Float32 V rows serve as the B operand in place when they need no
-        // padding, and K rows as the broadcast operand; half ones are
-        // converted into tiles first (nk x D each, against the block's
-        // nk x BQ x D products). AMX reads bfloat16 K and V rows as they are
-        // (V unless a masked block meets an inf or NaN in it: that takes the
-        // ranged float32 product below).
+        // K rows are the broadcast operand of S^T = K Q^T, V rows the B
+        // operand of P V (KeyBlock). AMX reads bfloat16 K and V rows as they
+        // are (V unless a masked block meets an inf or NaN in it: that takes
+        // the ranged float32 product below).
+        kb.prepare();
         bool amx_pv = false;
         if constexpr (kAmxScores<T>)
             amx_pv = amx_ && (full || all_finite(v0_ + j0 * p_.v.t, nk, D, p_.v.t));
-        const float* Vb = nullptr;
-        int64_t ldv = 0;
-        const float* Kb;
-        int64_t ldk;
-        if constexpr (in_place) {
-            if (D == Dp) Vb = v0_ + j0 * p_.v.t, ldv = p_.v.t;
-            Kb = k0_ + j0 * p_.k.t, ldk = p_.k.t;
-        } else if (!amx_) {  // (AMX reads K's rows in place)
-            float* Kc = scratch(size_t(kBlockK) * D, 11);  // a converted K block
-            for (int j = 0; j < nk; ++j) load_row(Kc + j * D, k0_ + (j0 + j) * p_.k.t, D);
-            Kb = Kc, ldk = D;
-        } else {
-            Kb = nullptr, ldk = 0;
-        }
+        const float* Vb = kb.V;
+        int64_t ldv = kb.ldv;
+        const float* Kb = kb.K;
+        const int64_t ldk = kb.ldk;
         if (!amx_pv && !Vb) {
+            float* Vp = scratch(size_t(kBlockK) * Dp, 1);  // keys x Dp, zero-padded
             for (int j = 0; j < nk; ++j) {
                 load_row(Vp + j * Dp, v0_ + (j0 + j) * p_.v.t, D);
                 for (int d = D; d < Dp; ++d) Vp[j * Dp + d] = 0.0f;
@@ -418,9 +471,48 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
             const int64_t j1 = j0 + kBlockK;
             tile.prefetch(j1, int(std::min<int64_t>(kBlockK, keys.end - j1)));
         }
-        tile.step(j0, int(std::min<int64_t>(kBlockK, keys.end - j0)));
+        const int nk = int(std::min<int64_t>(kBlockK, keys.end - j0));
+        KeyBlock<T> operands = tile.key_block(j0, nk);
+        tile.step(j0, nk, operands);
     }
     tile.finish(out);
+}
+
+// Query tiles [0, n) of one kv head whose bands start at the same key (q
+// as for forward_block; with_sink for each), carried through the key blocks
+// together: each block's K and V are read, and half ones converted, once for
+// all of them (KeyBlock) instead of once per tile. Each tile steps through
+// the blocks forward_block would give it, in the same order, so its results
+// are the same bit for bit.
+template <class T>
+void forward_group(const FlashParams& p, const ForwardIO& io, const QueryTile* tiles, int n,
+                   int g, int BQ) {
+    const size_t floats = TileState<T>::state_floats(p, BQ);
+    float* state = scratch(size_t(n) * floats, 3);
+    std::vector<TileState<T>> states;
+    std::vector<int64_t> ends;
+    states.reserve(size_t(n));
+    const int64_t begin = keys_of_rows(p, tiles[0].R0, tiles[0].R0 + tiles[0].nq, g).begin;
+    int64_t end = begin;
+    for (int i = 0; i < n; ++i) {
+        const QueryTile& x = tiles[i];
+        states.emplace_back(p, io, x.b, x.head0, g, x.R0, x.nq, BQ, true,
+                            state + size_t(i) * floats);
+        ends.push_back(keys_of_rows(p, x.R0, x.R0 + x.nq, g).end);
+        end = std::max(end, ends.back());
+    }
+    for (int64_t j0 = begin; j0 < end; j0 += kBlockK) {
+        if (j0 + kBlockK < end) {  // the next block, while this one computes
+            const int64_t j1 = j0 + kBlockK;
+            states[0].prefetch(j1, int(std::min<int64_t>(kBlockK, end - j1)));
+        }
+        KeyBlock<T> operands = states[0].key_block(j0, int(std::min<int64_t>(kBlockK, end - j0)));
+        for (int i = 0; i < n; ++i)
+            if (j0 < ends[size_t(i)])
+                states[size_t(i)].step(j0, int(std::min<int64_t>(kBlockK, ends[size_t(i)] - j0)),
+                                       operands);
+    }
+    for (TileState<T>& tile : states) tile.finish(TileOutput{});
 }
 
 // Split-KV ("flash decoding"): a call with too few tasks to keep the cores
@@ -440,6 +532,10 @@ constexpr size_t kDecodeStateBytes = 512 << 10;
 // pages; with kBlockK (64) it could not, and on 2026-12-04's Xeon decoding
 // read 10-11 GB/s where 16 reads 22-24.
 constexpr int kDecodeBlockK = 16;
+// Query tiles a task may carry through the same key blocks (half inputs),
+// and the tasks per thread that grouping them must leave.
+constexpr int64_t kGroupTiles = 4;
+constexpr int64_t kTasksPerThread = 4;
 
 template <class T>
 void forward_call(const FlashParams& p, const ForwardIO& io) {
@@ -461,23 +557,36 @@ void forward_call(const FlashParams& p, const ForwardIO& io) {
     // left decoding at a fraction of the read bandwidth). Their states stay
     // within kDecodeStateBytes, about a quarter of L2. (ALiBi tiles walk
     // their keys in their own order: forward_block.)
-    const int64_t per_task =
-        blocks == 1 && g == p.group && !(p.score_mods & FA_SCORE_ALIBI)
+    const bool alibi = p.score_mods & FA_SCORE_ALIBI;
+    const int64_t heads_per_task =
+        blocks == 1 && g == p.group && !alibi
             ? std::clamp<int64_t>(int64_t(kDecodeStateBytes /
                                           (sizeof(float) * TileState<T>::state_floats(p, BQ))),
                                   1, per_batch)
             : 1;
+    const int64_t decode_tasks = p.B * ((tiles_per_batch + heads_per_task - 1) / heads_per_task);
+    const int64_t splits =
+        decode_tasks >= kTargetTasks
+            ? 1
+            : std::max<int64_t>(1, std::min((kTargetTasks + decode_tasks - 1) / decode_tasks,
+                                            int64_t(p.Tk) / kSplitMinKeys));
+    // Half inputs, converted to float32 as each key block is loaded: a task
+    // carries up to kGroupTiles query tiles of a kv head through the keys
+    // together, so that each block is converted once for all of them
+    // (forward_group; about a tenth of a bfloat16 forward's time went to
+    // converting the same blocks once per tile). Fewer when the call would
+    // leave too few tasks to share among the threads: the grouping changes
+    // how the work is shared out, never what a tile computes.
+    int64_t per_task = heads_per_task;
+    if (!std::is_same_v<T, float> && !amx_scores<T>(p) && splits == 1 && blocks >= 2 && !alibi)
+        for (per_task = std::min<int64_t>(kGroupTiles, blocks);
+             per_task > 1 &&
+             p.B * ((tiles_per_batch + per_task - 1) / per_task) < kTasksPerThread * num_threads();
+             per_task /= 2) {
+        }
     const int64_t tasks_per_batch = (tiles_per_batch + per_task - 1) / per_task;
     const int64_t tasks = p.B * tasks_per_batch;
-    const int64_t splits =
-        tasks >= kTargetTasks
-            ? 1
-            : std::max<int64_t>(1, std::min((kTargetTasks + tasks - 1) / tasks,
-                                            int64_t(p.Tk) / kSplitMinKeys));
-    struct Tile {
-        int64_t b, head0, R0;
-        int nq;
-    };
+    using Tile = QueryTile;
     // Consecutive tiles share a kv head, so its K and V stay in cache; within
     // a head the last query blocks (the most keys under a causal mask) come
     // first, so the tasks left at the end are small and threads finish together.
@@ -518,6 +627,22 @@ void forward_call(const FlashParams& p, const ForwardIO& io) {
                              s == 0, &v_pairs);
             return;
         }
+        if (blocks > 1) {  // query tiles: runs of one kv head and one first key share blocks
+            Tile run[kGroupTiles];
+            int in_run = 0;
+            for (int64_t i = 0; i <= n; ++i) {
+                const Tile x = i < n ? tile_of(t0 + i) : Tile{};
+                if (in_run > 0 &&
+                    (i == n || x.b != run[0].b || x.head0 != run[0].head0 ||
+                     keys_of_rows(p, x.R0, x.R0 + x.nq, g).begin !=
+                         keys_of_rows(p, run[0].R0, run[0].R0 + run[0].nq, g).begin)) {
+                    forward_group<T>(p, io, run, in_run, g, BQ);
+                    in_run = 0;
+                }
+                if (i < n) run[in_run++] = x;
+            }
+            return;
+        }
         const size_t floats = TileState<T>::state_floats(p, BQ);
         float* state = scratch(size_t(n) * floats, 3);
         std::vector<TileState<T>> heads;
@@ -527,9 +652,13 @@ void forward_call(const FlashParams& p, const ForwardIO& io) {
             heads.emplace_back(p, io, x.b, x.head0, g, x.R0, x.nq, BQ, s == 0,
                                state + size_t(i) * floats);
         }
-        for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kDecodeBlockK)
-            for (TileState<T>& head : heads)
-                head.step(j0, int(std::min<int64_t>(kDecodeBlockK, keys.end - j0)));
+        for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kDecodeBlockK) {
+            const int nk = int(std::min<int64_t>(kDecodeBlockK, keys.end - j0));
+            for (TileState<T>& head : heads) {
+                KeyBlock<T> operands = head.key_block(j0, nk);  // (each its own K and V)
+                head.step(j0, nk, operands);
+            }
+        }
         for (int64_t i = 0; i < n; ++i) heads[size_t(i)].finish(output_of(t0 + i, s));
     });
     if (splits == 1) return;

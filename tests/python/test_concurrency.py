@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -50,6 +51,31 @@ def test_thread_count_does_not_change_results(backend, case, restore_threads):
         fa.set_num_threads(n)
         assert fa.get_num_threads() == n
         assert_bit_identical(want, run(backend, case), f"{n} threads vs 1")
+
+
+# Half inputs on the cpu engine: a task carries up to four query tiles of a
+# kv head through the key blocks together, fewer as the threads grow (1
+# thread: 4, 2: 2, 3 and 7: 1 in the GQA case), runs of one kv head and one
+# first key (the window case's tiles start at different keys; some tasks
+# cross from one kv head to the next). What a tile computes must not change.
+HALF_CASES = [
+    Case(1, 300, 300, 4, 2, 64, causal=True),
+    Case(1, 200, 260, 4, 4, 40, window=(70, 10)),
+    Case(2, 130, 130, 2, 1, 128),
+]
+
+
+@pytest.mark.parametrize("half", [np.float16, ml_dtypes.bfloat16], ids=["f16", "bf16"])
+@pytest.mark.parametrize("case", HALF_CASES, ids=lambda c: c.id)
+def test_thread_count_does_not_change_half_precision_results(half, case, restore_threads):
+    q, k, v, _ = inputs(case, dtype=half)
+    fa.set_num_threads(1)
+    want = fa.attention(q, k, v, return_lse=True, backend="cpu", **case.opts())
+    for n in (2, 3, 7):
+        fa.set_num_threads(n)
+        got = fa.attention(q, k, v, return_lse=True, backend="cpu", **case.opts())
+        for name, x, y in zip(("o", "lse"), want, got):
+            assert x.tobytes() == y.tobytes(), f"{n} threads vs 1: {name} differs"
 
 
 def test_concurrent_calls_match_sequential(backend):
