@@ -163,6 +163,11 @@ class KeyBlock {
 public:
     KeyBlock(const FlashParams& p, const T* k_rows, const T* v_rows, int nk, bool amx)
         : p_(p), k_rows_(k_rows), v_rows_(v_rows), nk_(nk), amx_(amx) {}
+    // Rows converted elsewhere (K: ldk apart; V: ldv apart, zero-padded).
+    KeyBlock(const FlashParams& p, const float* K_rows, int64_t ldk_rows, const float* V_rows,
+             int64_t ldv_rows)
+        : K(K_rows), ldk(ldk_rows), V(V_rows), ldv(ldv_rows), p_(p), k_rows_(nullptr),
+          v_rows_(nullptr), nk_(0), amx_(false), ready_(true) {}
 
     void prepare() {
         if (ready_) return;
@@ -537,6 +542,28 @@ constexpr int kDecodeBlockK = 16;
 constexpr int64_t kGroupTiles = 4;
 constexpr int64_t kTasksPerThread = 4;
 
+// Decoding, half inputs: keys [j0, j0 + nk) of kv heads [hk0, hk0 + n) of
+// batch b as float32, head i's K rows at K + i * kDecodeBlockK * D and its V
+// rows, zero-padded to Dp, at V + i * kDecodeBlockK * Dp. Converted in the
+// order they sit in memory (a key's heads side by side), one stream the
+// hardware prefetchers follow; converting head by head, as each step asked
+// for its rows, jumped a key's stride at every row and stalled on memory
+// (bfloat16 decoding read 20-40 % faster converted this way, 2026-12-05).
+template <class T>
+void decode_rows(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t hk0, int n,
+                 int64_t j0, int nk, float* K, float* V) {
+    const int D = p.D, Dp = int(round_up(D, W));
+    const T* k = static_cast<const T*>(io.k) + b * p.k.b + hk0 * p.k.h + j0 * p.k.t;
+    const T* v = static_cast<const T*>(io.v) + b * p.v.b + hk0 * p.v.h + j0 * p.v.t;
+    for (int j = 0; j < nk; ++j)
+        for (int i = 0; i < n; ++i) {
+            load_row(K + (i * kDecodeBlockK + j) * D, k + j * p.k.t + i * p.k.h, D);
+            float* row = V + (i * kDecodeBlockK + j) * Dp;
+            load_row(row, v + j * p.v.t + i * p.v.h, D);
+            for (int d = D; d < Dp; ++d) row[d] = 0.0f;
+        }
+}
+
 template <class T>
 void forward_call(const FlashParams& p, const ForwardIO& io) {
     // A kv head's query heads share a tile, unless a score option (whose
@@ -652,10 +679,21 @@ void forward_call(const FlashParams& p, const ForwardIO& io) {
             heads.emplace_back(p, io, x.b, x.head0, g, x.R0, x.nq, BQ, s == 0,
                                state + size_t(i) * floats);
         }
+        // Half inputs: each step's rows of all the task's kv heads converted
+        // together, in memory order (decode_rows).
+        const bool together = !std::is_same_v<T, float> && !amx_scores<T>(p);
+        const int D = p.D, Dp = int(round_up(D, W));
+        float* K = together ? scratch(size_t(n) * kDecodeBlockK * D, 13) : nullptr;
+        float* V = together ? scratch(size_t(n) * kDecodeBlockK * Dp, 14) : nullptr;
         for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kDecodeBlockK) {
             const int nk = int(std::min<int64_t>(kDecodeBlockK, keys.end - j0));
-            for (TileState<T>& head : heads) {
-                KeyBlock<T> operands = head.key_block(j0, nk);  // (each its own K and V)
+            if (together) decode_rows<T>(p, io, x0.b, x0.head0 / p.group, int(n), j0, nk, K, V);
+            for (int64_t i = 0; i < n; ++i) {
+                TileState<T>& head = heads[size_t(i)];
+                KeyBlock<T> operands =
+                    together ? KeyBlock<T>(p, K + i * kDecodeBlockK * D, D,
+                                           V + i * kDecodeBlockK * Dp, Dp)
+                             : head.key_block(j0, nk);  // (each its own K and V)
                 head.step(j0, nk, operands);
             }
         }

@@ -24,10 +24,12 @@ DECODE = [
 
 
 @pytest.mark.parametrize("case", DECODE, ids=lambda c: c.id)
-def test_decode_forward_matches_reference(backend, case):
+def test_decode_forward_matches_reference(backend, case, dtype):
+    """In every dtype: half inputs' rows are converted a step of keys at a
+    time for all the kv heads a task carries (cpp/cpu/forward.cpp)."""
     if not fits(backend, case):
         pytest.skip(f"{case.id} is beyond {backend}'s size budget")
-    q, k, v, _ = inputs(case, seed=11)
+    q, k, v, _ = inputs(case, seed=11, dtype=dtype)
     check_forward(backend, case, q, k, v)
 
 
