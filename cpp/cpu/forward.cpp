@@ -535,8 +535,12 @@ constexpr size_t kDecodeStateBytes = 512 << 10;
 // kDecodeBlockK pages of K and as many of V, and the heads walk each page
 // forward in turn. With 16 the L2 streamer can follow every one of those
 // pages; with kBlockK (64) it could not, and on 2026-12-04's Xeon decoding
-// read 10-11 GB/s where 16 reads 22-24.
+// read 10-11 GB/s where 16 reads 22-24. Float32 rows read in place take 8
+// keys a step: on 2026-12-05's Zen 3 (AVX2) 8 read 20-22 GB/s where 16 read
+// 16-17 and 4 read 17. Half rows converted in memory order (decode_rows)
+// were as fast with 8, 16 or 32 keys a step there.
 constexpr int kDecodeBlockK = 16;
+constexpr int kDecodeInPlaceBlockK = 8;
 // Query tiles a task may carry through the same key blocks (half inputs),
 // and the tasks per thread that grouping them must leave.
 constexpr int64_t kGroupTiles = 4;
@@ -685,8 +689,10 @@ void forward_call(const FlashParams& p, const ForwardIO& io) {
         const int D = p.D, Dp = int(round_up(D, W));
         float* K = together ? scratch(size_t(n) * kDecodeBlockK * D, 13) : nullptr;
         float* V = together ? scratch(size_t(n) * kDecodeBlockK * Dp, 14) : nullptr;
-        for (int64_t j0 = keys.begin; j0 < keys.end; j0 += kDecodeBlockK) {
-            const int nk = int(std::min<int64_t>(kDecodeBlockK, keys.end - j0));
+        const int step_keys =
+            std::is_same_v<T, float> && !amx_scores<T>(p) ? kDecodeInPlaceBlockK : kDecodeBlockK;
+        for (int64_t j0 = keys.begin; j0 < keys.end; j0 += step_keys) {
+            const int nk = int(std::min<int64_t>(step_keys, keys.end - j0));
             if (together) decode_rows<T>(p, io, x0.b, x0.head0 / p.group, int(n), j0, nk, K, V);
             for (int64_t i = 0; i < n; ++i) {
                 TileState<T>& head = heads[size_t(i)];
