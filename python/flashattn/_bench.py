@@ -170,13 +170,25 @@ def interleaved(fns, repeat, progress, label):
 
 
 def import_torch(threads):
-    """(torch with `threads` threads, or None; a line naming the competitor)."""
+    """(torch with `threads` threads, or None; a line naming the competitor).
+
+    torch's OpenMP threads are told to sleep when idle (OMP_WAIT_POLICY=PASSIVE,
+    unless the environment says otherwise): by default they spin after every
+    call, on the cores the next contender is then timed on. On 2026-12-05's
+    2-core Zen 3 our bfloat16 forward (B=1, T=1024, H=8, D=64) took 18.5 ms
+    right after torch's and 14.5 ms after our own; with PASSIVE 14.8 ms after
+    torch's, while torch's own forward and forward + backward times did not
+    move (16.2-16.3 ms and 246-263 ms either way)."""
+    imported = "torch" in sys.modules
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     try:
         import torch
     except ImportError:
         return None, "torch not installed (pip install 'flashattn[bench]'): cpu engine only"
     torch.set_num_threads(threads)
-    return torch, f"torch {torch.__version__} scaled_dot_product_attention"
+    policy = ("as torch was started with" if imported
+              else f"OMP_WAIT_POLICY={os.environ['OMP_WAIT_POLICY']}")
+    return torch, f"torch {torch.__version__} scaled_dot_product_attention ({policy})"
 
 
 def fma_peak(threads):
