@@ -532,15 +532,18 @@ constexpr int64_t kSplitMinKeys = 512;
 constexpr size_t kDecodeStateBytes = 512 << 10;
 // Keys per step when a task carries several kv heads: the heads' rows of a
 // key share a 4 KiB page (float32, D = 128, 8 kv heads), so each step visits
-// kDecodeBlockK pages of K and as many of V, and the heads walk each page
+// that many pages of K and as many of V, and the heads walk each page
 // forward in turn. With 16 the L2 streamer can follow every one of those
-// pages; with kBlockK (64) it could not, and on 2026-12-04's Xeon decoding
-// read 10-11 GB/s where 16 reads 22-24. Float32 rows read in place take 8
-// keys a step: on 2026-12-05's Zen 3 (AVX2) 8 read 20-22 GB/s where 16 read
-// 16-17 and 4 read 17. Half rows converted in memory order (decode_rows)
-// were as fast with 8, 16 or 32 keys a step there.
-constexpr int kDecodeBlockK = 16;
-constexpr int kDecodeInPlaceBlockK = 8;
+// pages; with kBlockK (64) it could not (2026-12-04's Xeon: 10-11 GB/s
+// against 22-24). On 2026-12-05's Zen 3 (AVX2) float32 rows read in place
+// streamed 20-22 GB/s with 8 keys a step where 16 gave 16-17 and 4 gave 17;
+// half rows, converted in memory order (decode_rows), as fast with 8, 16 or
+// 32 at Tq = 1 but about 12 % slower with 8 than 16 at Tq = 4. Every dtype
+// takes the same steps all the same, so that float16 and bfloat16 results
+// are the float32 path's on the rounded inputs, bit for bit
+// (tests/cpp/test_cpu_engine.cpp), except on AMX, whose tiles hold 16 rows.
+constexpr int kDecodeBlockK = 8;
+constexpr int kDecodeAmxBlockK = 16;
 // Query tiles a task may carry through the same key blocks (half inputs),
 // and the tasks per thread that grouping them must leave.
 constexpr int64_t kGroupTiles = 4;
@@ -689,8 +692,7 @@ void forward_call(const FlashParams& p, const ForwardIO& io) {
         const int D = p.D, Dp = int(round_up(D, W));
         float* K = together ? scratch(size_t(n) * kDecodeBlockK * D, 13) : nullptr;
         float* V = together ? scratch(size_t(n) * kDecodeBlockK * Dp, 14) : nullptr;
-        const int step_keys =
-            std::is_same_v<T, float> && !amx_scores<T>(p) ? kDecodeInPlaceBlockK : kDecodeBlockK;
+        const int step_keys = amx_scores<T>(p) ? kDecodeAmxBlockK : kDecodeBlockK;
         for (int64_t j0 = keys.begin; j0 < keys.end; j0 += step_keys) {
             const int nk = int(std::min<int64_t>(step_keys, keys.end - j0));
             if (together) decode_rows<T>(p, io, x0.b, x0.head0 / p.group, int(n), j0, nk, K, V);
