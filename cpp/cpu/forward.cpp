@@ -67,17 +67,44 @@ struct ModsEpilogue {
     }
 };
 
-// exp(S^T - m) as S^T leaves the registers (after the score options), with
-// each column's max score and sum of exponentials folded into colmax and colsum.
+// The band on S^T as it leaves the registers: key row r of the block is seen
+// by the tile's query columns [lo[r], hi[r]) only, the others become -inf.
+// lo null: a block inside the band.
+struct BandEpilogue {
+    const int* lo;
+    const int* hi;
+    int col;  // the tile column of lane 0
+
+    template <int MR, int NV>
+    void apply(vf (&c)[MR][NV]) const {
+        if (!lo) return;
+        const vi lane = simd::iota() + col;
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; ++v)
+                c[r][v] = simd::select(simd::in_range(lane + v * W, lo[r], hi[r]), c[r][v],
+                                       splat(-simd::kInf));
+    }
+    BandEpilogue at(int m, int n) const {
+        return lo ? BandEpilogue{lo + m, hi + m, col + n} : *this;
+    }
+};
+
+// exp(S^T - m) as S^T leaves the registers (after the score options and the
+// band), with each column's max score and sum of exponentials folded into
+// colmax and colsum.
 struct ScoreEpilogue {
     const float* m;
     float* colmax;
     float* colsum;
     ModsEpilogue mods;
+    BandEpilogue band;
 
     template <int MR, int NV>
     void apply(vf (&c)[MR][NV]) const {
         mods.apply(c);
+        band.apply(c);
 #pragma GCC unroll 16
         for (int v = 0; v < NV; ++v) {
             const vf ref = simd::load(m + v * W);
@@ -95,7 +122,7 @@ struct ScoreEpilogue {
         }
     }
     ScoreEpilogue at(int mr, int n) const {
-        return {m + n, colmax + n, colsum + n, mods.at(mr, n)};
+        return {m + n, colmax + n, colsum + n, mods.at(mr, n), band.at(mr, n)};
     }
 };
 
@@ -300,43 +327,57 @@ public:
             }
             Vb = Vp, ldv = Dp;
         }
-        if (full && have_max_) {
+        // A block the band cuts: the query columns [lo[j], hi[j]) that see
+        // key j0 + j, and the keys [klo[r], khi[r]) of the block that row r
+        // sees. Its masked P entries are zeros, and 0 times an inf or NaN in
+        // V would reach a row that does not see it: with such values in V
+        // the P V product takes each row's own keys only (gemm_ranged).
+        int klo[kBlockQ], khi[kBlockQ];
+        bool v_finite = true;
+        if (!full) {
+            for (int j = 0; j < nk; ++j) key_columns(p_, j0 + j, R0, nq, lo[j], hi[j], g);
+            for (int r = 0; r < nq; ++r) row_keys(p_, R0 + r, j0, nk, klo[r], khi[r], g);
+            v_finite = amx_pv || all_finite(Vb, nk, D, ldv);
+        }
+        const int* band_lo = full ? nullptr : lo;
+        const int* band_hi = full ? nullptr : hi;
+        // One pass once every row has a max (on AMX for blocks inside the band only).
+        if (have_max_ && v_finite && (full || !amx_)) {
             for (int col = 0; col < BQ; col += W) {
                 simd::store(colmax + col, splat(-simd::kInf));
                 simd::store(colsum + col, vf{});
             }
-            scores(j0, nk, Kb, ldk, ST, ScoreEpilogue{m_, colmax, colsum, mod});
+            scores(j0, nk, Kb, ldk, ST, ScoreEpilogue{m_, colmax, colsum, mod, {band_lo, band_hi, 0}},
+                   band_lo, band_hi, 0.0f);
             bool stale = false;
             for (int r = 0; r < nq; ++r) stale |= colmax[r] > m_[r] + kHeadroom;
             if (!stale) {
                 for (int col = 0; col < BQ; col += W)
                     simd::store(l_ + col, simd::load(l_ + col) + simd::load(colsum + col));
-                accumulate_pv(j0, nk, ST, Vb, ldv, nullptr, amx_pv);
+                accumulate_pv(j0, nk, ST, Vb, ldv, nullptr, amx_pv, full ? nullptr : klo, khi);
                 return;
             }
         }
         // The two-pass step: S^T = K Q^T, then max, rescale and exponentials.
-        scores(j0, nk, Kb, ldk, ST, mod);
-        if (!full)
-            for (int j = 0; j < nk; ++j) key_columns(p_, j0 + j, R0, nq, lo[j], hi[j], g);
+        scores(j0, nk, Kb, ldk, ST, mod, band_lo, band_hi, -simd::kInf);
         online_softmax(ST, nk, BQ, full, lo, hi, m_, l_, corr);
-        // O = O * corr + P V, with P = (S^T)^T. A masked P entry is 0, and 0
-        // times an inf or NaN in V would reach a row that does not see it.
-        if (amx_pv || full || all_finite(Vb, nk, D, ldv)) {
-            accumulate_pv(j0, nk, ST, Vb, ldv, corr, amx_pv);
-        } else {
-            int klo[kBlockQ], khi[kBlockQ];
-            for (int r = 0; r < nq; ++r) row_keys(p_, R0 + r, j0, nk, klo[r], khi[r], g);
+        // O = O * corr + P V, with P = (S^T)^T.
+        if (v_finite)
+            accumulate_pv(j0, nk, ST, Vb, ldv, corr, amx_pv, full ? nullptr : klo, khi);
+        else
             gemm_ranged<true>(nq, Dp, klo, khi, ST, BQ, Vb, ldv, O_, Dp, corr, true);
-        }
         have_max_ = true;
         for (int r = 0; r < nq; ++r) have_max_ &= m_[r] != -simd::kInf;
     }
 
     // S^T = K Q^T, scaled, for keys [j0, j0 + nk) into ST, epi applied as
     // each vector leaves the registers: from float32 K rows (Kb), or on AMX.
+    // With a band (key j seen by the query columns [lo[j], hi[j]) only), the
+    // keys no column of a chunk of the tile sees are not multiplied: their
+    // entries of the chunk are `masked` (what epi would make of -inf).
     template <class Epi>
-    void scores(int64_t j0, int nk, const float* Kb, int64_t ldk, float* ST, const Epi& epi) const {
+    void scores(int64_t j0, int nk, const float* Kb, int64_t ldk, float* ST, const Epi& epi,
+                const int* lo, const int* hi, float masked) const {
 #if defined(FLASHATTN_CPU_AMX)
         if constexpr (kAmxScores<T>) {
             if (amx_) {
@@ -348,13 +389,36 @@ public:
         }
 #endif
         (void)j0;
-        gemm<false>(nk, BQ_, p_.D, Kb, ldk, Qt_, BQ_, ST, BQ_, nullptr, false, epi);
+        if (!lo) {
+            gemm<false>(nk, BQ_, p_.D, Kb, ldk, Qt_, BQ_, ST, BQ_, nullptr, false, epi);
+            return;
+        }
+        // Column chunks as gemm would take them; the keys some column of a
+        // chunk sees form one run (bands are monotone), [k0, k1).
+        constexpr int kChunk = kMaxNV * W;
+        for (int c0 = 0; c0 < BQ_; c0 += kChunk) {
+            const int c1 = std::min(BQ_, c0 + kChunk);
+            int k0 = nk, k1 = 0;
+            for (int j = 0; j < nk; ++j)
+                if (lo[j] < std::min(c1, hi[j]) && hi[j] > c0)
+                    k0 = std::min(k0, j), k1 = j + 1;
+            if (k1 < k0) k0 = k1 = nk;
+            for (int j = 0; j < nk; ++j) {
+                if (j == k0) j = k1;
+                if (j >= nk) break;
+                for (int c = c0; c < c1; c += W) simd::store(ST + j * BQ_ + c, splat(masked));
+            }
+            gemm<false>(k1 - k0, c1 - c0, p_.D, Kb + k0 * ldk, ldk, Qt_ + c0, BQ_,
+                        ST + k0 * BQ_ + c0, BQ_, nullptr, false, epi.at(k0, c0));
+        }
     }
 
     // O = O * corr (per row; null: 1) + P V, P = (S^T)^T for keys [j0, j0 + nk):
     // from V's float32 rows (Vb), or on AMX from V's own rows (amx).
+    // klo, khi (null inside the band): the keys of the block each row sees;
+    // P is zero outside them.
     void accumulate_pv(int64_t j0, int nk, const float* ST, const float* Vb, int64_t ldv,
-                       const float* corr, bool amx) {
+                       const float* corr, bool amx, const int* klo, const int* khi) {
 #if defined(FLASHATTN_CPU_AMX)
         if constexpr (kAmxScores<T>) {
             if (amx) {
@@ -379,7 +443,7 @@ public:
         }
 #endif
         (void)j0, (void)amx;
-        gemm<true>(nq_, Dp_, nk, ST, BQ_, Vb, ldv, O_, Dp_, corr, true);
+        gemm<true>(nq_, Dp_, nk, ST, BQ_, Vb, ldv, O_, Dp_, corr, true, Identity{}, klo, khi);
     }
 
     // Asks for keys [j0, j0 + nk)'s K and V rows to come into cache.

@@ -134,19 +134,32 @@ inline void row_tail(int rows, std::integer_sequence<int, Ms...>, int K, const f
      ...);
 }
 
+// Row blocks of MR from m; with k_lo (and k_hi) each block contracts over
+// the union of its rows' ranges of K only, else over all of K.
 template <int NV, bool TA, class Epi>
 inline void gemm_columns(int M, int K, const float* A, int64_t lda, const float* B, int64_t ldb,
                          float* C, int64_t ldc, const float* rowscale, bool accumulate,
-                         const Epi& epi) {
+                         const Epi& epi, const int* k_lo = nullptr, const int* k_hi = nullptr) {
     constexpr int MR = rows_for(NV);
-    int m = 0;
-    for (; m + MR <= M; m += MR)
-        micro_kernel<MR, NV, TA>(K, TA ? A + m : A + m * lda, lda, B, ldb, C + m * ldc, ldc,
-                                 rowscale ? rowscale + m : nullptr, accumulate, epi.at(m, 0));
-    if (m < M)
-        row_tail<NV, TA>(M - m, std::make_integer_sequence<int, MR - 1>(), K,
-                         TA ? A + m : A + m * lda, lda, B, ldb, C + m * ldc, ldc,
-                         rowscale ? rowscale + m : nullptr, accumulate, epi.at(m, 0));
+    for (int m = 0; m < M; m += MR) {
+        const int rows = M - m < MR ? M - m : MR;
+        int k0 = 0, k1 = K;
+        if (k_lo) {
+            k0 = K, k1 = 0;
+            for (int r = m; r < m + rows; ++r)
+                if (k_lo[r] < k_hi[r]) k0 = std::min(k0, k_lo[r]), k1 = std::max(k1, k_hi[r]);
+            if (k1 < k0) k0 = k1 = 0;  // no row contracts: C = C * rowscale (or 0)
+        }
+        const float* a = TA ? A + int64_t(k0) * lda + m : A + m * lda + k0;
+        const float* b = B + int64_t(k0) * ldb;
+        const float* s = rowscale ? rowscale + m : nullptr;
+        if (rows == MR)
+            micro_kernel<MR, NV, TA>(k1 - k0, a, lda, b, ldb, C + m * ldc, ldc, s, accumulate,
+                                     epi.at(m, 0));
+        else
+            row_tail<NV, TA>(rows, std::make_integer_sequence<int, MR - 1>(), k1 - k0, a, lda, b,
+                             ldb, C + m * ldc, ldc, s, accumulate, epi.at(m, 0));
+    }
 }
 
 }  // namespace detail
@@ -154,32 +167,38 @@ inline void gemm_columns(int M, int K, const float* A, int64_t lda, const float*
 // C[M x N] = epi((accumulate ? C * rowscale : 0) + A[M x K] B[K x N]), where
 // N is a multiple of W, B and C are row-major (ldb, ldc) and rowscale (one
 // factor per row of C) may be null for 1.
+//
+// With k_lo and k_hi (one range [k_lo[r], k_hi[r]) of K per row of C, or
+// null), each block of rows the micro-kernel holds contracts over the union
+// of its rows' ranges only: the same product where the entries of A outside
+// a row's range are zeros (masked probabilities) and B is finite, without
+// the work on them (the blocks a causal band cuts).
 template <bool TA, class Epi = Identity>
 inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* B, int64_t ldb,
                  float* C, int64_t ldc, const float* rowscale, bool accumulate,
-                 const Epi& epi = Epi{}) {
+                 const Epi& epi = Epi{}, const int* k_lo = nullptr, const int* k_hi = nullptr) {
     for (int n = 0; n < N; n += kMaxNV * W) {
         const int nv = (N - n) / W < kMaxNV ? (N - n) / W : kMaxNV;
         switch (nv) {
 #if defined(FLASHATTN_SIMD_AVX512) || defined(FLASHATTN_SIMD_NEON)
             case 4:
                 detail::gemm_columns<4, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
-                                            accumulate, epi.at(0, n));
+                                            accumulate, epi.at(0, n), k_lo, k_hi);
                 break;
 #endif
 #if defined(FLASHATTN_SIMD_AVX512) || defined(FLASHATTN_SIMD_AVX2) || defined(FLASHATTN_SIMD_NEON)
             case 3:
                 detail::gemm_columns<3, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
-                                            accumulate, epi.at(0, n));
+                                            accumulate, epi.at(0, n), k_lo, k_hi);
                 break;
 #endif
             case 2:
                 detail::gemm_columns<2, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
-                                            accumulate, epi.at(0, n));
+                                            accumulate, epi.at(0, n), k_lo, k_hi);
                 break;
             default:
                 detail::gemm_columns<1, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
-                                            accumulate, epi.at(0, n));
+                                            accumulate, epi.at(0, n), k_lo, k_hi);
                 break;
         }
     }
