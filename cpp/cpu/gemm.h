@@ -177,8 +177,13 @@ template <bool TA, class Epi = Identity>
 inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* B, int64_t ldb,
                  float* C, int64_t ldc, const float* rowscale, bool accumulate,
                  const Epi& epi = Epi{}, const int* k_lo = nullptr, const int* k_hi = nullptr) {
-    for (int n = 0; n < N; n += kMaxNV * W) {
-        const int nv = (N - n) / W < kMaxNV ? (N - n) / W : kMaxNV;
+    for (int n = 0; n < N;) {
+        // Widest column blocks first, but a last one vector wide (a load
+        // per FMA row, bound by the broadcasts) is avoided: with one vector
+        // more than kMaxNV left, two blocks share them (AVX2: D = 32 as 2 + 2,
+        // not 3 + 1).
+        const int left = (N - n) / W;
+        const int nv = left == kMaxNV + 1 ? (left + 1) / 2 : left < kMaxNV ? left : kMaxNV;
         switch (nv) {
 #if defined(FLASHATTN_SIMD_AVX512) || defined(FLASHATTN_SIMD_NEON)
             case 4:
@@ -201,6 +206,7 @@ inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* 
                                             accumulate, epi.at(0, n), k_lo, k_hi);
                 break;
         }
+        n += nv * W;
     }
 }
 
