@@ -112,9 +112,11 @@ struct ScoreEpilogue {
 #pragma GCC unroll 16
             for (int r = 1; r < MR; ++r) mx = simd::max(mx, c[r][v]);
             vf sum{};
+            // Exponents above kHeadroom * log2(e) make the block stale (it
+            // is redone, these values dropped): exp2_upto127 suffices.
 #pragma GCC unroll 16
             for (int r = 0; r < MR; ++r) {
-                c[r][v] = simd::exp2((c[r][v] - ref) * splat(kLog2e));
+                c[r][v] = simd::exp2_upto127((c[r][v] - ref) * splat(kLog2e));
                 sum += c[r][v];
             }
             simd::store(colmax + v * W, simd::max(simd::load(colmax + v * W), mx));
@@ -151,10 +153,11 @@ void online_softmax(float* ST, int nk, int BQ, bool full, const int* lo, const i
         // A row that has seen no key yet keeps m = -inf; exponents use 0 so
         // that -inf - -inf never happens.
         const vf m_use = simd::select(m_new == neg_inf, vf{}, m_new);
-        const vf rescale = simd::exp2((m_old - m_use) * splat(kLog2e));
+        // Every exponent is at most 0 (or NaN): exp2_upto127 suffices.
+        const vf rescale = simd::exp2_upto127((m_old - m_use) * splat(kLog2e));
         vf sum{};
         for (int j = 0; j < nk; ++j) {
-            const vf e = simd::exp2((simd::load(ST + j * BQ + c) - m_use) * splat(kLog2e));
+            const vf e = simd::exp2_upto127((simd::load(ST + j * BQ + c) - m_use) * splat(kLog2e));
             simd::store(ST + j * BQ + c, e);
             sum += e;
         }
