@@ -73,6 +73,19 @@ inline vf in_band(vf s, vi col, const int* lo, const int* hi, int j) {
     return lo ? simd::select(simd::in_range(col, lo[j], hi[j]), s, splat(-simd::kInf)) : s;
 }
 
+// Key j of exponentiate's column vector c (lanes col): exp(S^T - ref) in
+// place, its score's max folded into mx and its exponential into sum.
+inline void exponentiate_key(float* ST, int BQ, int c, vi col, const int* lo, const int* hi,
+                             int j, vf ref, vf& mx, vf& sum) {
+    const vf s = in_band(simd::load(ST + j * BQ + c), col, lo, hi, j);
+    mx = simd::max(mx, s);
+    // Exponents above kHeadroom * log2(e) make the block stale (it is
+    // redone, these values dropped): exp2_upto127 suffices.
+    const vf e = simd::exp2_upto127((s - ref) * splat(kLog2e));
+    sum += e;
+    simd::store(ST + j * BQ + c, e);
+}
+
 // The one-pass step's exponentials, every row having a running max m: the
 // scores S^T (nk x BQ, already scaled) become exp(S^T - m) in place, masked
 // to the band as online_softmax masks them, with each column's max score
@@ -84,33 +97,16 @@ inline vf in_band(vf s, vi col, const int* lo, const int* hi, int j) {
 // way on 2026-12-06's Zen 3).
 void exponentiate(float* ST, int nk, int BQ, const int* lo, const int* hi, const float* m,
                   float* colmax, float* colsum) {
-    const vf neg_inf = splat(-simd::kInf);
     for (int c = 0; c < BQ; c += W) {
         const vi col = simd::iota() + c;
         const vf ref = simd::load(m + c);
-        vf mx0 = neg_inf, mx1 = neg_inf, sum0{}, sum1{};
-        // Exponents above kHeadroom * log2(e) make the block stale (it is
-        // redone, these values dropped): exp2_upto127 suffices.
+        vf mx0 = splat(-simd::kInf), mx1 = mx0, sum0{}, sum1{};
         int j = 0;
-        for (; j + 2 <= nk; j += 2) {
-            const vf s0 = in_band(simd::load(ST + j * BQ + c), col, lo, hi, j);
-            const vf s1 = in_band(simd::load(ST + (j + 1) * BQ + c), col, lo, hi, j + 1);
-            mx0 = simd::max(mx0, s0);
-            mx1 = simd::max(mx1, s1);
-            const vf e0 = simd::exp2_upto127((s0 - ref) * splat(kLog2e));
-            const vf e1 = simd::exp2_upto127((s1 - ref) * splat(kLog2e));
-            sum0 += e0;
-            sum1 += e1;
-            simd::store(ST + j * BQ + c, e0);
-            simd::store(ST + (j + 1) * BQ + c, e1);
+        for (; j + 2 <= nk; j += 2) {  // two independent chains of max and sum
+            exponentiate_key(ST, BQ, c, col, lo, hi, j, ref, mx0, sum0);
+            exponentiate_key(ST, BQ, c, col, lo, hi, j + 1, ref, mx1, sum1);
         }
-        if (j < nk) {
-            const vf s0 = in_band(simd::load(ST + j * BQ + c), col, lo, hi, j);
-            mx0 = simd::max(mx0, s0);
-            const vf e0 = simd::exp2_upto127((s0 - ref) * splat(kLog2e));
-            sum0 += e0;
-            simd::store(ST + j * BQ + c, e0);
-        }
+        if (j < nk) exponentiate_key(ST, BQ, c, col, lo, hi, j, ref, mx0, sum0);
         simd::store(colmax + c, simd::max(mx0, mx1));
         simd::store(colsum + c, sum0 + sum1);
     }
@@ -130,8 +126,7 @@ void online_softmax(float* ST, int nk, int BQ, bool full, const int* lo, const i
         } else {
             const vi col = lane + c;
             for (int j = 0; j < nk; ++j) {
-                const vi in = simd::in_range(col, lo[j], hi[j]);
-                const vf s = simd::select(in, simd::load(ST + j * BQ + c), neg_inf);
+                const vf s = in_band(simd::load(ST + j * BQ + c), col, lo, hi, j);
                 simd::store(ST + j * BQ + c, s);
                 mx = simd::max(mx, s);
             }

@@ -110,7 +110,7 @@ inline vi in_range(vi index, int lo, int hi) {
     return (index >= (vi{} + lo)) & (index < (vi{} + hi));
 }
 
-// 2^x to about 1 ulp for floor <= x <= 127 (up to 128 it gives at most
+// 2^x to under 2 ulp for floor <= x <= 127 (up to 128 it gives at most
 // 2^128); exactly 0 below floor (at most -125, so never a denormal: every
 // gemm use of one costs a microcode assist) and for -inf (masked scores), so
 // masked entries contribute nothing. IEEE at the top: NaN stays NaN and
@@ -118,8 +118,8 @@ inline vi in_range(vi index, int lo, int hi) {
 // row's output instead of vanishing.
 // Relative-error minimax fit of 2^f on [-0.5, 0.5], degree 5 with p(0) = 1:
 // 1.7e-7 (1.4 ulp) with float32 Horner steps, where degree 6 gave 8.4e-8
-// for one FMA more (the softmax epilogue's FMAs share the ports with the
-// score product's). (A function, not a lambda in exp2: Clang's target
+// for one FMA more per exponential (the forward's exponentials took about a
+// tenth of its time). (A function, not a lambda in exp2: Clang's target
 // pragma skips lambdas.)
 inline vf exp2_poly(vf f) {
     vf p = splat(1.3264675e-3f);
