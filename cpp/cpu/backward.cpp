@@ -119,15 +119,20 @@ constexpr int64_t kTargetTasks = 16;
 
 // Query heads per task: a kv head's whole group, so that each key block is
 // laid out once and its dK, dV stay in cache across the group; or, when
-// there are too few kv heads to make kTargetTasks and the dK, dV partials fit
-// the budget, one head each, its dK, dV summed over the group at the end.
-// Then a GQA call splits like the MHA call of the same H (the same dQ
-// partials), instead of cutting each kv head's keys into more chunks.
+// there are too few kv heads to make kTargetTasks, the fewest heads (a
+// divisor of the group) whose dK, dV partials fit the budget, each task's
+// dK, dV summed over the group at the end. Then a GQA call splits like the
+// MHA call of the same H (the same dQ partials), instead of cutting each kv
+// head's keys into more chunks, each a large share of the call (an MQA
+// backward at T = 16k was 3 tasks, at 32k 2; with 2 and 4 heads per task,
+// 12 and 4).
 int heads_per_task(const FlashParams& p) {
-    const double partial_bytes = 8.0 * p.B * p.H * double(p.Tk) * p.D;
-    if (p.group == 1 || int64_t(p.B) * p.Hkv >= kTargetTasks || partial_bytes > kPartialBudgetBytes)
-        return p.group;
-    return 1;
+    if (p.group == 1 || int64_t(p.B) * p.Hkv >= kTargetTasks) return p.group;
+    for (int heads = 1; heads < p.group; ++heads) {
+        const double partial_bytes = 8.0 * p.B * (p.H / heads) * double(p.Tk) * p.D;
+        if (p.group % heads == 0 && partial_bytes <= kPartialBudgetBytes) return heads;
+    }
+    return p.group;
 }
 
 // Enough chunks to keep a few cores busy when there are few tasks of
@@ -283,7 +288,7 @@ struct Context {
     int64_t partial_rows;
     int BQ, Dp;
     int heads;           // query heads per task (heads_per_task)
-    float* dkv_partial;  // heads < group: (2, B, H, Tk, D), each head's dK then dV
+    float* dkv_partial;  // heads < group: (2, B, H / heads, Tk, D), each task's dK then dV
     const PairedRows& q_pairs;   // on AMX, q and do in pairs for the whole call (or off)
     const PairedRows& do_pairs;
 };
@@ -482,8 +487,8 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
 }
 
 // Query heads [heads0, heads0 + cx.heads) of batch b against the keys of
-// chunk ch; their dK, dV go to dk and dv, or (one head of a group) to the
-// head's partial (float32, rounded to T when the group's are summed).
+// chunk ch; their dK, dV go to dk and dv, or (part of a group) to these
+// heads' partial (float32, rounded to T when the group's are summed).
 template <class T>
 void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
     const FlashParams& p = cx.p;
@@ -494,16 +499,17 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
     const T* k0 = static_cast<const T*>(io.k) + b * p.k.b + hk * p.k.h;
     const T* v0 = static_cast<const T*>(io.v) + b * p.v.b + hk * p.v.h;
     // Row j of the block's dK and dV (float32 in scratch) goes to dk and dv
-    // rounded to T, or to the head's float32 partial.
+    // rounded to T, or to these heads' float32 partial.
     auto store_dkv = [&](int64_t j, const float* dK_row, const float* dV_row) {
         if (cx.heads == p.group) {  // dv's row stride is dk's: both are contiguous
             store_row(static_cast<T*>(io.dk) + b * p.dk.b + hk * p.dk.h + j * p.dk.t, dK_row, D);
             store_row(static_cast<T*>(io.dv) + b * p.dv.b + hk * p.dv.h + j * p.dk.t, dV_row, D);
         } else {
-            const size_t head = size_t(b * p.H + heads0), all = size_t(p.B) * p.H;
-            std::memcpy(cx.dkv_partial + (head * size_t(p.Tk) + size_t(j)) * D, dK_row,
+            const size_t slot = size_t(b * p.H + heads0) / cx.heads;
+            const size_t all = size_t(p.B) * p.H / cx.heads;
+            std::memcpy(cx.dkv_partial + (slot * size_t(p.Tk) + size_t(j)) * D, dK_row,
                         sizeof(float) * D);
-            std::memcpy(cx.dkv_partial + ((all + head) * size_t(p.Tk) + size_t(j)) * D, dV_row,
+            std::memcpy(cx.dkv_partial + ((all + slot) * size_t(p.Tk) + size_t(j)) * D, dV_row,
                         sizeof(float) * D);
         }
     };
@@ -611,15 +617,16 @@ void sum_partials(const Context& cx, const ChunkPlan& plan) {
     });
 }
 
-// dk, dv of each kv head = the sum of its group's per-head partials, in head
-// order, rounded to T once.
+// dk, dv of each kv head = the sum of its group's partials (one per task's
+// heads), in head order, rounded to T once.
 template <class T>
 void sum_dkv_partials(const Context& cx) {
     const FlashParams& p = cx.p;
     const int D = p.D;
     const int64_t rows_per_task = 256;
     const int64_t tasks_per_head = (int64_t(p.Tk) + rows_per_task - 1) / rows_per_task;
-    const size_t all = size_t(p.B) * p.H;
+    const size_t all = size_t(p.B) * p.H / cx.heads;
+    const int parts = p.group / cx.heads;
     parallel_for(int64_t(p.B) * p.Hkv * tasks_per_head, [&](int64_t t) {
         const int64_t bk = t / tasks_per_head, b = bk / p.Hkv, hk = bk % p.Hkv;
         const int64_t j0 = t % tasks_per_head * rows_per_task;
@@ -627,12 +634,13 @@ void sum_dkv_partials(const Context& cx) {
         for (int which = 0; which < 2; ++which) {
             T* out = static_cast<T*>(which == 0 ? cx.io.dk : cx.io.dv) +
                      (which == 0 ? b * p.dk.b + hk * p.dk.h : b * p.dv.b + hk * p.dv.h);
-            const float* part = cx.dkv_partial + (which * all + size_t(b * p.H + hk * p.group)) *
-                                                     size_t(p.Tk) * D;
+            const float* part =
+                cx.dkv_partial +
+                (which * all + size_t(b * p.H + hk * p.group) / cx.heads) * size_t(p.Tk) * D;
             float* sum = scratch(size_t(D), 0);
             for (int64_t j = j0; j < j1; ++j) {
                 std::memcpy(sum, part + j * D, sizeof(float) * D);
-                for (int g = 1; g < p.group; ++g) {
+                for (int g = 1; g < parts; ++g) {
                     const float* add = part + (size_t(g) * p.Tk + size_t(j)) * D;
                     for (int d = 0; d < D; ++d) sum[d] += add[d];
                 }
@@ -652,7 +660,8 @@ void backward_call(const FlashParams& p, const BackwardIO& io) {
     const int heads = heads_per_task(p);
     const ChunkPlan plan = choose_chunks(p, BQ, Dp, heads, std::is_same_v<T, float>);
     AlignedBuffer partial(size_t(p.B) * p.H * size_t(plan.partial_rows) * Dp);
-    AlignedBuffer dkv_partial(heads < p.group ? 2 * size_t(p.B) * p.H * size_t(p.Tk) * p.D : 0);
+    AlignedBuffer dkv_partial(
+        heads < p.group ? 2 * size_t(p.B) * (p.H / heads) * size_t(p.Tk) * p.D : 0);
     // q and do in pairs where each query tile meets several key blocks.
     const bool pair = amx_scores<T>(p) && p.Tk > kBlockK;
     const PairedRows q_pairs =
