@@ -26,7 +26,7 @@ import time
 
 import numpy as np
 
-from ._cli_args import positive_int
+from ..args import positive_int
 
 OPTIONS_SHAPE = (1, 2048, 8, 8, 64)  # B, T, H, Hkv, D; causal
 VARLEN_LENGTHS = [1536, 768, 384, 256, 128, 128, 64, 64, 32, 16]
