@@ -1,5 +1,5 @@
 """`python -m flashattn bench options`: what the score options and
-variable-length batches cost on the cpu engine (issue 16), with torch SDPA's
+variable-length batches cost on the cpu engine, with torch SDPA's
 counterparts in the same run where it has them.
 
 Options: one causal shape, plain attention against softcap, ALiBi, sinks, a
@@ -14,12 +14,12 @@ computes); time per unit of sum T_b^2 shows the cost follows the real work.
 
 Every timed call runs once to warm up, then --repeat times (at least 5),
 the variants interleaved in alternating order; min (median) in ms.
+``--json FILE`` writes every figure and each run's time.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -27,18 +27,20 @@ import time
 import numpy as np
 
 from ..args import positive_int
+from .output import Column, Progress, Report, Table, ms_runs, threads
 
 OPTIONS_SHAPE = (1, 2048, 8, 8, 64)  # B, T, H, Hkv, D; causal
 VARLEN_LENGTHS = [1536, 768, 384, 256, 128, 128, 64, 64, 32, 16]
 VARLEN_HEADS = (8, 8, 64)  # H, Hkv, D
 
 
-def _interleaved(fns, repeat):
+def _interleaved(fns, repeat, progress):
     times = {name: [] for name in fns}
     for fn in fns.values():
         fn()
     names = list(fns)
     for r in range(repeat):
+        progress.note(f"run {r + 1}/{repeat}")
         for name in (names if r % 2 == 0 else names[::-1]):
             t0 = time.perf_counter()
             fns[name]()
@@ -46,11 +48,7 @@ def _interleaved(fns, repeat):
     return times
 
 
-def _fmt(ts):
-    return f"{min(ts) * 1e3:9.2f} ({statistics.median(ts) * 1e3:8.2f})"
-
-
-def options_section(repeat, torch):
+def options_section(repeat, torch, progress):
     import flashattn as fa
 
     B, T, H, Hkv, D = OPTIONS_SHAPE
@@ -118,32 +116,38 @@ def options_section(repeat, torch):
         for name, mask in torch_masks.items():
             fns[("torch", "fwd", name)] = torch_fwd(mask)
             fns[("torch", "fwd+bwd", name)] = torch_fwd_bwd(mask)
-    names = list(fns)
-    times = _interleaved({n: fns[n] for n in names}, repeat)
+    progress.step(f"score options, B={B}, T={T}, H={H}, D={D}")
+    times = _interleaved(fns, repeat, progress)
 
-    print(f"\nscore options, cpu engine: B={B}, T={T}, H={H}, D={D}, causal; "
-          f"min (median) ms of {repeat} interleaved runs; cost = min / plain's min")
-    head = f"{'option':<18} {'pass':<8} {'flashattn ms':>20} {'cost':>7}"
+    cols = [Column("option", "option"), Column("pass", "pass"),
+            Column("ours_ms", "flashattn ms", ".2f"), Column("ours_median_ms", "median", ".2f"),
+            Column("cost", "cost", "+.1%")]
     if torch is not None:
-        head += f" {'torch SDPA ms':>20} {'torch / ours':>12}"
-    print(head)
-    print("-" * len(head))
+        cols += [Column("torch_ms", "torch SDPA ms", ".2f"),
+                 Column("torch_median_ms", "median", ".2f"), Column("speedup", "torch / ours", "x")]
+    table = Table("options", f"score options, cpu engine: B={B}, T={T}, H={H}, D={D}, causal; "
+                  f"min and median ms of {repeat} interleaved runs; cost = min / plain's min - 1",
+                  cols)
     for kind in ("fwd", "fwd+bwd"):
         plain = min(times[("ours", kind, "plain")])
         for name in variants:
             ours = times[("ours", kind, name)]
-            line = f"{name:<18} {kind:<8} {_fmt(ours)} {100 * (min(ours) / plain - 1):+6.1f}%"
+            row = {"option": name, "pass": kind, "ours_ms": min(ours) * 1e3,
+                   "ours_median_ms": statistics.median(ours) * 1e3, "cost": min(ours) / plain - 1,
+                   "ours_runs_ms": ms_runs(ours)}
             key = ("torch", kind, name)
             if key in times:
-                line += f" {_fmt(times[key])} {min(times[key]) / min(ours):11.2f}x"
-            print(line)
+                th = times[key]
+                row.update(torch_ms=min(th) * 1e3, torch_median_ms=statistics.median(th) * 1e3,
+                           speedup=min(th) / min(ours), torch_runs_ms=ms_runs(th))
+            table.add(row)
     if torch is not None:
-        print("torch: plain is is_causal=True; alibi is an additive (1, H, T, T) causal bias; "
-              "the bool and float masks the same (T, T) arrays")
-    return times
+        table.note("torch: plain is is_causal=True; alibi is an additive (1, H, T, T) causal "
+                   "bias; the bool and float masks the same (T, T) arrays")
+    return table
 
 
-def varlen_section(repeat):
+def varlen_section(repeat, progress):
     import flashattn as fa
 
     H, Hkv, D = VARLEN_HEADS
@@ -167,22 +171,27 @@ def varlen_section(repeat):
                                                  backend="cpu"))
            for name, c in cases.items()}
     fns["padded"] = lambda: fa.attention(pq, pk, pv, causal=True, backend="cpu")
-    times = _interleaved(fns, repeat)
+    progress.step(f"varlen, H={H}, D={D}")
+    times = _interleaved(fns, repeat, progress)
     work = {"skewed": sum(t * t for t in skewed), "equal": sum(t * t for t in equal),
             "padded": len(skewed) * T_max * T_max}
-    print(f"\nvarlen, cpu engine, causal forward: H={H}, D={D}; skewed lengths {skewed}; "
-          f"'equal' has {len(equal)} sequences of {equal[0]} (the same sum T^2); "
-          f"'padded' is the skewed batch padded to {T_max}")
-    head = f"{'batch':<8} {'sum T_b^2':>12} {'ms':>20} {'ns per T^2':>11} {'time / skewed':>14}"
-    print(head)
-    print("-" * len(head))
+    table = Table("varlen", f"varlen, cpu engine, causal forward: H={H}, D={D}; skewed lengths "
+                  f"{skewed}; 'equal' has {len(equal)} sequences of {equal[0]} (the same sum "
+                  f"T^2); 'padded' is the skewed batch padded to {T_max}",
+                  [Column("batch", "batch"), Column("work", "sum T_b^2", "d"),
+                   Column("ms", "ms", ".2f"), Column("median_ms", "median", ".2f"),
+                   Column("ns_per_t2", "ns per T^2", ".3f"),
+                   Column("vs_skewed", "time / skewed", "x")])
     base = min(times["skewed"])
     for name in ("skewed", "equal", "padded"):
         ts = times[name]
-        print(f"{name:<8} {work[name]:>12} {_fmt(ts)} {min(ts) / work[name] * 1e9:11.3f} "
-              f"{min(ts) / base:13.2f}x")
-    print(f"padded / skewed work ratio: {work['padded'] / work['skewed']:.2f}")
-    return times
+        table.add({"batch": name, "work": work[name], "ms": min(ts) * 1e3,
+                   "median_ms": statistics.median(ts) * 1e3,
+                   "ns_per_t2": min(ts) / work[name] * 1e9, "vs_skewed": min(ts) / base,
+                   "runs_ms": ms_runs(ts)})
+    ratio = work["padded"] / work["skewed"]
+    table.note(f"padded / skewed work ratio: {ratio:.2f}", padded_work_ratio=ratio)
+    return table
 
 
 def main(argv=None) -> int:
@@ -192,6 +201,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=positive_int, default=5, help="timed runs (>= 5)")
     parser.add_argument("--threads", type=positive_int, default=None)
     parser.add_argument("--only", choices=("options", "varlen"), default=None)
+    parser.add_argument("--json", metavar="FILE", help="also write every figure, each run's "
+                        "time and the machine's description to FILE (JSON)")
     args = parser.parse_args(argv)
     if args.repeat < 5:
         parser.error("--repeat must be at least 5")
@@ -203,16 +214,22 @@ def main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(fa.get_num_threads())
-        note = f"torch {torch.__version__}"
+        note = f"torch {torch.__version__} scaled_dot_product_attention"
     except ImportError:
         torch, note = None, "torch not installed: flashattn only"
-    print(f"flashattn {fa.__version__}, {fa.get_num_threads()} threads, cpu isa {fa.cpu_isa()}, "
-          f"{note}; load average at start {os.getloadavg()[0]:.2f}")
-    if args.only in (None, "options"):
-        options_section(args.repeat, torch)
-    if args.only in (None, "varlen"):
-        varlen_section(args.repeat)
-    print(f"load average at end {os.getloadavg()[0]:.2f}")
+    sections = ["options", "varlen"] if args.only is None else [args.only]
+    report = Report("bench options: the score options and varlen on the cpu engine",
+                    {"dtype": "float32", "threads": fa.get_num_threads(), "repeat": args.repeat,
+                     "sections": sections})
+    report.line(f"competitor: {note}; {threads(fa.get_num_threads())}", competitor=note)
+    progress = Progress(len(sections))
+    if "options" in sections:
+        report.add(options_section(args.repeat, torch, progress))
+    if "varlen" in sections:
+        report.add(varlen_section(args.repeat, progress))
+    progress.close()
+    report.print()
+    report.write_json(args.json)
     return 0
 
 
