@@ -142,6 +142,8 @@ def _fmt(tables, name, key):
 def test_the_options_bench_text_and_json(monkeypatch, capsys, tmp_path):
     monkeypatch.setattr(options, "OPTIONS_SHAPE", (1, 40, 2, 1, 16))
     monkeypatch.setattr(options, "VARLEN_LENGTHS", [30, 7, 1])
+    monkeypatch.setattr(options, "SHORT_BATCH", (3, 8))
+    monkeypatch.setattr(options, "MIXED_BATCH", (4, 16))
     out_json = tmp_path / "options.json"
     assert options.main(["--threads", "1", "--json", str(out_json)]) == 0
     text = capsys.readouterr().out
@@ -152,6 +154,7 @@ def test_the_options_bench_text_and_json(monkeypatch, capsys, tmp_path):
     plain = [r for r in tables["options"]["rows"] if r["option"] == "plain"]
     assert all(r["cost"] == 0 for r in plain) and "+0.0%" in text
     assert tables["varlen"]["rows"][0]["work"] == 30 * 30 + 7 * 7 + 1
+    assert len(tables["one-launch"]["rows"]) == 4 and "one call ms" in text
 
 
 def test_json_needs_a_file_name():
