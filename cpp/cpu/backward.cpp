@@ -562,6 +562,7 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
             }
 #endif
             for (int64_t h = heads0; h < heads1; ++h) {
+                stop_if_interrupted();  // a block and head: up to Tq query rows
                 const int64_t bh = b * p.H + h;
                 const ScoreMods score = ScoreMods::of(p, io.score, b, h);
                 const T* q0 = static_cast<const T*>(io.q) + b * p.q.b + h * p.q.h;

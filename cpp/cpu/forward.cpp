@@ -517,6 +517,7 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
                                                     n_blocks - 1)
                               : 0;
     for (int64_t n = 0; n < n_blocks; ++n) {
+        stop_if_interrupted();  // a tile may face a million keys
         const int64_t kb = n <= first ? first - n : n;  // first, first - 1, ..., 0, first + 1, ...
         const int64_t j0 = keys.begin + kb * kBlockK;
         if (n + 1 < n_blocks && !tile.alibi()) {  // the next block, while this one computes
@@ -554,6 +555,7 @@ void forward_group(const FlashParams& p, const ForwardIO& io, const QueryTile* t
         end = std::max(end, ends.back());
     }
     for (int64_t j0 = begin; j0 < end; j0 += kBlockK) {
+        stop_if_interrupted();
         if (j0 + kBlockK < end) {  // the next block, while this one computes
             const int64_t j1 = j0 + kBlockK;
             states[0].prefetch(j1, int(std::min<int64_t>(kBlockK, end - j1)));
@@ -761,6 +763,7 @@ private:
         float* V = together ? scratch(size_t(n) * kDecodeBlockK * Dp, 14) : nullptr;
         const int step_keys = amx_scores<T>(p) ? kDecodeAmxBlockK : kDecodeBlockK;
         for (int64_t j0 = keys.begin; j0 < keys.end; j0 += step_keys) {
+            if ((j0 - keys.begin) % kBlockK == 0) stop_if_interrupted();  // each kBlockK keys
             const int nk = int(std::min<int64_t>(step_keys, keys.end - j0));
             if (together) decode_rows<T>(p, io, x0.b, x0.head0 / p.group, int(n), j0, nk, K, V);
             for (int64_t i = 0; i < n; ++i) {
