@@ -90,9 +90,16 @@ void test_poll_may_resize_the_pool() {
             if (!resized.exchange(true)) cpu::set_num_threads(3);
             return false;
         });
-        cpu::parallel_for(2, [&](int64_t i) {
-            if (i == 0) return sleep_ms(50);  // the caller's (it claims first)
+        // The caller's task ends once a worker has the other, which lasts.
+        const std::thread::id caller = std::this_thread::get_id();
+        std::atomic<bool> other_started{false};
+        cpu::parallel_for(2, [&](int64_t) {
+            if (std::this_thread::get_id() == caller) {
+                for (int ms = 0; ms < 10000 && !other_started.load(); ++ms) sleep_ms(1);
+                return;
+            }
             long_task_thread = std::this_thread::get_id();
+            other_started = true;
             sleep_ms(300);
         });
     }
