@@ -38,10 +38,13 @@ struct Job {
 
     bool stopping() const { return cancelled.load(std::memory_order_relaxed) || all_calls_stopped(); }
 
-    // Claims and runs tasks until none is left to claim. The submitting
-    // thread (by_caller) also polls for an interrupt before each of its tasks.
-    void work(bool by_caller) {
-        for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+    // Claims and runs tasks until none is left to claim; true for the one
+    // thread whose claim found the job exhausted first (it takes the job off
+    // the queue). The submitting thread (by_caller) also polls for an
+    // interrupt before each of its tasks.
+    bool work(bool by_caller) {
+        int64_t i;
+        for (; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
             if (by_caller && interrupt_requested()) cancelled.store(true);
             if (!stopping()) {
                 try {
@@ -56,6 +59,7 @@ struct Job {
                 finished.notify_all();
             }
         }
+        return i == n;
     }
 };
 
@@ -124,6 +128,7 @@ public:
         if (n > 1 && threads_.load() > 1) {
             std::lock_guard<std::mutex> lk(m_);
             queue_.push_back(job);
+            if (queue_.size() == 1) publish_front();
             queued_.fetch_add(1, std::memory_order_release);
             wake_.notify_all();
         }
@@ -174,49 +179,77 @@ private:
         threads_.store(1);  // the callers alone, until start()
     }
 
+    // Takes the job off the queue (if it is still there): by its submitter
+    // once done, and by the thread that found it exhausted, so that idle
+    // workers stop taking it and sleep again.
     void retire(const std::shared_ptr<Job>& job) {
-        std::lock_guard<std::mutex> lk(m_);
+        std::unique_lock<std::mutex> lk(m_, std::defer_lock);
+        lock_spinning(lk);
         for (auto it = queue_.begin(); it != queue_.end(); ++it)
             if (*it == job) {
+                const bool front = it == queue_.begin();
                 queue_.erase(it);
+                if (front) publish_front();
                 queued_.fetch_sub(1, std::memory_order_relaxed);
                 break;
             }
     }
 
     void loop() {
-        std::unique_lock<std::mutex> lk(m_);
         for (;;) {
-            if (!stopping_ && queue_.empty()) {
-                lk.unlock();
-                spin_for_work();
-                lk.lock();
-            }
-            wake_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-            if (stopping_) return;
-            std::shared_ptr<Job> job = queue_.front();
-            // An exhausted job leaves the queue so idle workers sleep again.
-            if (job->next.load(std::memory_order_relaxed) >= job->n) {
-                queue_.pop_front();
-                queued_.fetch_sub(1, std::memory_order_relaxed);
-                continue;
-            }
-            lk.unlock();
-            job->work(false);
-            lk.lock();
+            std::shared_ptr<Job> job = wait_for_job();
+            if (!job) return;  // stopping
+            if (job->work(false)) retire(job);
         }
     }
 
-    // A worker that ran out of work watches the queue for a moment before it
-    // sleeps: calls come in bursts (a training step is a forward, then a
-    // backward, per layer), and a sleeping worker takes a futex wake-up and
-    // a reschedule, tens of microseconds on a shared machine, to join the
-    // next one; a small call lasts not much longer.
-    void spin_for_work() const {
+    // The job at the queue's front, or null once the pool stops. A worker
+    // that ran out of work watches the queue for a moment before it sleeps:
+    // calls come in bursts (a training step is a forward, then a backward,
+    // per layer), and a sleeping worker takes a futex wake-up and a
+    // reschedule, tens of microseconds on a shared machine (more where a
+    // virtual CPU halts), to join the next one; a small call lasts not much
+    // longer. While watching it never sleeps on a lock either: it reads the
+    // front job through front_ (a spinlock held for one pointer copy), so a
+    // call's workers all start within a microsecond or two of it, where
+    // taking m_ one after another put most of them to sleep on it (16
+    // threads: 18.5 us beyond a 20 us task, issue 36).
+    std::shared_ptr<Job> wait_for_job() {
         const auto until = std::chrono::steady_clock::now() + kSpin;
-        while (queued_.load(std::memory_order_acquire) == 0 &&
-               std::chrono::steady_clock::now() < until)
+        for (;;) {
+            if (queued_.load(std::memory_order_acquire) > 0)
+                if (std::shared_ptr<Job> job = front()) return job;
+            if (std::chrono::steady_clock::now() >= until) break;
             cpu_relax();
+        }
+        std::unique_lock<std::mutex> lk(m_);
+        wake_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+        if (stopping_) return nullptr;
+        return queue_.front();
+    }
+
+    // m_, taken without ever sleeping on it (its holders keep it for a few
+    // pointer operations).
+    void lock_spinning(std::unique_lock<std::mutex>& lk) {
+        while (!lk.try_lock()) cpu_relax();
+    }
+
+    // front_ = the queue's front job (or null); m_ is held.
+    void publish_front() {
+        std::shared_ptr<Job> job = queue_.empty() ? nullptr : queue_.front();
+        while (front_lock_.exchange(true, std::memory_order_acquire)) cpu_relax();
+        front_.swap(job);
+        front_lock_.store(false, std::memory_order_release);
+    }  // (the old front is released here, outside the spinlock)
+
+    std::shared_ptr<Job> front() {
+        for (;;) {
+            while (front_lock_.load(std::memory_order_relaxed)) cpu_relax();
+            if (!front_lock_.exchange(true, std::memory_order_acquire)) break;
+        }
+        std::shared_ptr<Job> job = front_;
+        front_lock_.store(false, std::memory_order_release);
+        return job;
     }
 
     std::mutex resize_m_;
@@ -224,6 +257,8 @@ private:
     std::condition_variable wake_;
     std::deque<std::shared_ptr<Job>> queue_;
     std::atomic<int> queued_{0};  // queue_.size(), for the spinning workers (no lock)
+    std::shared_ptr<Job> front_;  // queue_.front(), for the spinning workers
+    std::atomic<bool> front_lock_{false};
     std::vector<std::thread> workers_;
     bool stopping_ = false;
     std::atomic<int> threads_{1};
