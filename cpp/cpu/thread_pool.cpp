@@ -25,6 +25,24 @@
 namespace flashattn::cpu {
 namespace {
 
+// FLASHATTN_CPU_PROFILE=1: every call's task times are recorded (pool.h).
+bool profiling() {
+    static const bool on = [] {
+        const char* env = std::getenv("FLASHATTN_CPU_PROFILE");
+        return env && env[0] == '1' && env[1] == '\0';
+    }();
+    return on;
+}
+
+std::mutex g_profile_m;
+std::vector<PoolCallProfile> g_profile;
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
 struct Job {
     const std::function<void(int64_t)>* task = nullptr;
     int64_t n = 0;
@@ -32,6 +50,8 @@ struct Job {
     std::atomic<int64_t> done{0};
     // Set when the call is interrupted: the tasks not yet started are skipped.
     std::atomic<bool> cancelled{false};
+    bool profile = false;  // time each task (profiling())
+    std::atomic<int64_t> busy_ns{0}, longest_ns{0};
     std::mutex m;  // guards error and the wake-up of the submitter
     std::condition_variable finished;
     std::exception_ptr error;
@@ -47,11 +67,19 @@ struct Job {
         for (; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
             if (by_caller && interrupt_requested()) cancelled.store(true);
             if (!stopping()) {
+                const int64_t t0 = profile ? now_ns() : 0;
                 try {
                     (*task)(i);
                 } catch (...) {
                     std::lock_guard<std::mutex> lk(m);
                     if (!error) error = std::current_exception();
+                }
+                if (profile) {
+                    const int64_t t = now_ns() - t0;
+                    busy_ns.fetch_add(t, std::memory_order_relaxed);
+                    int64_t seen = longest_ns.load(std::memory_order_relaxed);
+                    while (t > seen && !longest_ns.compare_exchange_weak(seen, t)) {
+                    }
                 }
             }
             if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
@@ -125,6 +153,8 @@ public:
         auto job = std::make_shared<Job>();
         job->task = &task;
         job->n = n;
+        job->profile = profiling();
+        const int64_t start = job->profile ? now_ns() : 0;
         if (n > 1 && threads_.load() > 1) {
             std::lock_guard<std::mutex> lk(m_);
             queue_.push_back(job);
@@ -145,6 +175,12 @@ public:
                 if (interrupt_requested()) job->cancelled.store(true);
         }
         retire(job);
+        if (job->profile) {
+            const double wall = 1e-9 * double(now_ns() - start);
+            std::lock_guard<std::mutex> lk(g_profile_m);
+            g_profile.push_back({n, threads_.load(), wall, 1e-9 * double(job->busy_ns.load()),
+                                 1e-9 * double(job->longest_ns.load())});
+        }
         if (job->stopping()) throw Interrupted();
         if (job->error) std::rethrow_exception(job->error);
     }
@@ -311,6 +347,13 @@ void set_num_threads(int n) {
 int num_threads() { return pool().threads(); }
 
 void parallel_for(int64_t n, const std::function<void(int64_t)>& task) { pool().run(n, task); }
+
+std::vector<PoolCallProfile> take_pool_profile() {
+    std::lock_guard<std::mutex> lk(g_profile_m);
+    std::vector<PoolCallProfile> out;
+    out.swap(g_profile);
+    return out;
+}
 
 double pool_wakeup_us(int calls) {
     // Each task works for kTask; with every thread taking one at once a call
