@@ -25,7 +25,9 @@
 namespace flashattn::cpu {
 namespace {
 
-// FLASHATTN_CPU_PROFILE=1: every call's task times are recorded (pool.h).
+struct Job;
+
+// FLASHATTN_CPU_PROFILE=1: every call's task times are recorded (thread_pool.h).
 bool profiling() {
     static const bool on = [] {
         const char* env = std::getenv("FLASHATTN_CPU_PROFILE");
@@ -43,6 +45,14 @@ int64_t now_ns() {
         .count();
 }
 
+// The task this thread is running, for stop_if_interrupted: its job, and
+// whether this thread submitted it (then it polls for the interrupt).
+struct CurrentTask {
+    Job* job = nullptr;
+    bool by_caller = false;
+};
+thread_local CurrentTask t_current;
+
 struct Job {
     const std::function<void(int64_t)>* task = nullptr;
     int64_t n = 0;
@@ -58,22 +68,35 @@ struct Job {
 
     bool stopping() const { return cancelled.load(std::memory_order_relaxed) || all_calls_stopped(); }
 
-    // Claims and runs tasks until none is left to claim; true for the one
-    // thread whose claim found the job exhausted first (it takes the job off
-    // the queue). The submitting thread (by_caller) also polls for an
-    // interrupt before each of its tasks.
+    // True when the call should stop; the submitting thread (by_caller)
+    // polls for an interrupt first. Called with no lock held: the poll runs
+    // Python's signal handlers, which may call in again (set_num_threads
+    // joins the workers, which then need this job's lock to finish).
+    bool check(bool by_caller) {
+        if (by_caller && interrupt_requested()) cancelled.store(true);
+        return stopping();
+    }
+
+    // Claims and runs tasks until none is left to claim, checking before
+    // each; a task checks between its blocks of work too (stop_if_interrupted).
+    // True for the one thread whose claim first found the job exhausted (it
+    // takes the job off the queue).
     bool work(bool by_caller) {
+        const CurrentTask outer = t_current;
         int64_t i;
         for (; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
-            if (by_caller && interrupt_requested()) cancelled.store(true);
-            if (!stopping()) {
+            if (!check(by_caller)) {
+                t_current = {this, by_caller};
                 const int64_t t0 = profile ? now_ns() : 0;
                 try {
                     (*task)(i);
+                } catch (const Interrupted&) {
+                    cancelled.store(true);
                 } catch (...) {
                     std::lock_guard<std::mutex> lk(m);
                     if (!error) error = std::current_exception();
                 }
+                t_current = outer;
                 if (profile) {
                     const int64_t t = now_ns() - t0;
                     busy_ns.fetch_add(t, std::memory_order_relaxed);
@@ -169,10 +192,13 @@ public:
         while (job->done.load(std::memory_order_acquire) != n &&
                std::chrono::steady_clock::now() < until)
             cpu_relax();
-        {
-            std::unique_lock<std::mutex> lk(job->m);
-            while (!job->finished.wait_for(lk, kWaitSlice, [&] { return job->done.load() == n; }))
-                if (interrupt_requested()) job->cancelled.store(true);
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> lk(job->m);
+                if (job->finished.wait_for(lk, kWaitSlice, [&] { return job->done.load() == n; }))
+                    break;
+            }
+            job->check(true);  // without the lock: the poll may call in again
         }
         retire(job);
         if (job->profile) {
@@ -266,7 +292,7 @@ private:
 
     // m_, taken without ever sleeping on it (its holders keep it for a few
     // pointer operations).
-    void lock_spinning(std::unique_lock<std::mutex>& lk) {
+    static void lock_spinning(std::unique_lock<std::mutex>& lk) {
         while (!lk.try_lock()) cpu_relax();
     }
 
@@ -345,6 +371,12 @@ void set_num_threads(int n) {
 }
 
 int num_threads() { return pool().threads(); }
+
+void stop_if_interrupted() {
+    const CurrentTask current = t_current;
+    if (!current.job) return throw_if_interrupted();  // not inside a pool task
+    if (current.job->check(current.by_caller)) throw Interrupted();
+}
 
 void parallel_for(int64_t n, const std::function<void(int64_t)>& task) { pool().run(n, task); }
 
