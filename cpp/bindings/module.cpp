@@ -359,6 +359,14 @@ NB_MODULE(_core, m) {
     // Microseconds per parallel_for of empty tasks: the pool's wake-up cost.
     m.def("_cpu_pool_wakeup_us", &cpu::pool_wakeup_us, nb::arg("calls"),
           nb::call_guard<nb::gil_scoped_release>());
+    // The pool's record of its calls (FLASHATTN_CPU_PROFILE=1): per call
+    // [tasks, threads, wall s, busy s summed over threads, longest task s].
+    m.def("_cpu_pool_profile", [] {
+        std::vector<std::vector<double>> rows;
+        for (const cpu::PoolCallProfile& c : cpu::take_pool_profile())
+            rows.push_back({double(c.tasks), double(c.threads), c.wall_s, c.busy_s, c.longest_s});
+        return rows;
+    });
     bind_xla_handlers(m);
     // The cpu engine's instruction-set paths (cpp/cpu/isa.h; issue 13).
     m.def("cpu_isa", &cpu::active_isa, "The cpu engine's instruction-set path in use.");

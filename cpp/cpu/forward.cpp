@@ -580,8 +580,9 @@ void forward_group(const FlashParams& p, const ForwardIO& io, const QueryTile* t
 // each; every chunk leaves each of its tiles a partial o and lse, and a
 // second pass merges them exactly (cpu/merge.h,
 // fa.merge_states' formula). The split depends on the shape alone, never on
-// the thread count, so neither do the results.
-constexpr int64_t kTargetTasks = 16;
+// the thread count, so neither do the results. Four tasks per core of a
+// 16-core machine: with 16, one late thread held up the whole call.
+constexpr int64_t kTargetTasks = 64;
 constexpr int64_t kSplitMinKeys = 512;
 constexpr size_t kDecodeStateBytes = 512 << 10;
 // Keys per step when a task carries several kv heads: the heads' rows of a
