@@ -9,17 +9,12 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <unistd.h>
-
-#include <chrono>
-#include <condition_variable>
-#include <exception>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <set>
 #include <string>
 
+#include "bindings/released_call.h"
 #include "core/engine.h"
 #include "core/interrupt.h"
 #include "core/params.h"
@@ -90,108 +85,7 @@ TensorView data_view(const char* fn, const char* name, const DataArray& a, DType
     return view_of(a, dtype);
 }
 
-// ---- Running compiled work with the GIL released.
-//
-// Not nb::gil_scoped_release: its destructor (noexcept) takes the GIL back,
-// and a daemon thread that does so while the interpreter is finalizing is
-// ended by Python with a forced unwind, which a noexcept frame turns into
-// std::terminate. Here instead the exit hook (stop_calls_at_exit) first
-// stops every call and waits for it; a call that ends after that never takes
-// the GIL again: its thread sleeps until the process is gone.
-std::mutex g_calls_mutex;
-std::condition_variable g_calls_changed;
-int g_calls_running = 0;  // calls between releasing and retaking the GIL
-bool g_exiting = false;
-
-[[noreturn]] void sleep_until_process_exit() {
-    for (;;) pause();
-}
-
-// Only the main thread of the main interpreter runs Python's signal handlers.
-bool on_main_thread() {
-    static PyObject* main_thread =  // never released: it outlives the interpreter
-        nb::object(nb::module_::import_("threading").attr("main_thread")).release().ptr();
-    nb::object thread = nb::steal(PyObject_CallNoArgs(main_thread));
-    if (!thread.is_valid()) throw nb::python_error();
-    return nb::cast<unsigned long>(thread.attr("ident")) == PyThread_get_thread_ident();
-}
-
-// Runs compute() without the GIL (called with it). On the main thread,
-// Python's signal handlers run every ~20 ms while it works (core/interrupt.h);
-// when one raises (Ctrl-C: KeyboardInterrupt), the engine stops between work
-// items and that exception is raised here, the outputs discarded.
-template <class F>
-void run_released(F&& compute) {
-    const bool poll_signals = on_main_thread();
-    bool exiting;
-    {
-        std::lock_guard<std::mutex> lock(g_calls_mutex);
-        exiting = g_exiting;
-        if (!exiting) ++g_calls_running;
-    }
-    if (exiting) {  // a daemon thread calling in during exit: never returns
-        PyEval_SaveThread();
-        sleep_until_process_exit();
-    }
-    PyObject *err_type = nullptr, *err_value = nullptr, *err_trace = nullptr;
-    PyThreadState* state = PyEval_SaveThread();
-    bool interrupted = false;
-    std::exception_ptr failure;
-    try {
-        std::optional<InterruptScope> scope;
-        if (poll_signals)
-            scope.emplace([&] {
-                PyEval_RestoreThread(state);
-                const bool raised = PyErr_CheckSignals() != 0;
-                if (raised) PyErr_Fetch(&err_type, &err_value, &err_trace);
-                state = PyEval_SaveThread();
-                return raised;
-            });
-        compute();
-    } catch (const Interrupted&) {
-        interrupted = true;
-    } catch (...) {
-        failure = std::current_exception();
-    }
-    // Once the exit hook has begun, park; until then the GIL may be taken
-    // back: the hook waits for this call (it is still counted) before the
-    // interpreter finalizes, so Python cannot end this thread mid-frame.
-    {
-        std::unique_lock<std::mutex> lock(g_calls_mutex);
-        if (g_exiting) {
-            --g_calls_running;
-            g_calls_changed.notify_all();
-            lock.unlock();
-            sleep_until_process_exit();
-        }
-    }
-    PyEval_RestoreThread(state);
-    {
-        std::lock_guard<std::mutex> lock(g_calls_mutex);
-        --g_calls_running;
-        g_calls_changed.notify_all();
-    }
-    if (err_type) {
-        PyErr_Restore(err_type, err_value, err_trace);
-        throw nb::python_error();
-    }
-    if (failure) std::rethrow_exception(failure);
-    if (interrupted) throw std::runtime_error("flashattn: the call was interrupted");
-}
-
-// atexit: after the non-daemon threads are joined and before the
-// interpreter finalizes. Every running call stops at its next check; wait
-// (without the GIL) until each has parked or returned to Python.
-void stop_calls_at_exit() {
-    stop_all_calls();
-    PyThreadState* state = PyEval_SaveThread();
-    {
-        std::unique_lock<std::mutex> lock(g_calls_mutex);
-        g_exiting = true;
-        g_calls_changed.wait_for(lock, std::chrono::seconds(10), [] { return g_calls_running == 0; });
-    }
-    PyEval_RestoreThread(state);
-}
+using bindings::run_released;
 
 Engine& engine_for(const std::optional<std::string>& backend) {
     return backend ? get_engine(*backend) : default_engine();
@@ -532,6 +426,5 @@ NB_MODULE(_core, m) {
 #ifdef FLASHATTN_HAVE_METAL
     bind_metal(m);
 #endif
-    m.def("_stop_calls_at_exit", &stop_calls_at_exit);
-    nb::module_::import_("atexit").attr("register")(m.attr("_stop_calls_at_exit"));
+    bindings::install_process_hooks(m);  // the exit hook and the fork handler
 }

@@ -175,8 +175,9 @@ struct TileMods {
 // use (ALiBi's far keys: +10% for the backward on AVX-512).
 constexpr float kMinLog2P = -64.0f;
 
-// P = exp(S - lse) inside the band, 0 outside, computed as each vector of
-// S (already scaled, then the score options applied) leaves the registers.
+// P = exp(S - lse) inside the band, 0 outside and where the mask hides the
+// score, computed as each vector of S (already scaled, then the score
+// options applied) leaves the registers.
 // Masked: the tile crosses the band's edge, and row r (a query) keeps the
 // columns (keys) [lo[r], hi[r]).
 template <bool Masked>
@@ -200,6 +201,10 @@ struct ProbabilityEpilogue {
                     const vi col = simd::iota() + (col0 + v * W);
                     s = simd::select(simd::in_range(col, lo[r], hi[r]), s, splat(-simd::kInf));
                 }
+                // A hidden score stays -inf even when lse is NaN (a row
+                // holding a NaN): P = 0, as outside the band.
+                if (mods.bias)
+                    s = simd::select(c[r][v] == splat(-simd::kInf), c[r][v], s);
                 c[r][v] = simd::exp2(s, kMinLog2P);
             }
         }
@@ -211,6 +216,7 @@ struct ProbabilityEpilogue {
 
 // dS = P * (dP - delta) as dP leaves the registers, times the softcap's
 // derivative (dcap, laid out like P) when there is one; 0 outside the band
+// and where the mask hides the key (bias, laid out like P: -inf there),
 // even where dP is not finite.
 template <bool Masked>
 struct GradientEpilogue {
@@ -221,6 +227,7 @@ struct GradientEpilogue {
     const int* hi;
     int col0;
     const float* dcap;  // null: no softcap
+    const float* bias;  // null: no mask
 
     template <int MR, int NV>
     void apply(vf (&c)[MR][NV]) const {
@@ -231,6 +238,9 @@ struct GradientEpilogue {
             for (int v = 0; v < NV; ++v) {
                 vf g = simd::load(P + r * ldp + v * W) * (c[r][v] - dl);
                 if (dcap) g *= simd::load(dcap + r * ldp + v * W);
+                if (bias)
+                    g = simd::select(simd::load(bias + r * ldp + v * W) == splat(-simd::kInf), vf{},
+                                     g);
                 if constexpr (Masked) {
                     const vi col = simd::iota() + (col0 + v * W);
                     g = simd::select(simd::in_range(col, lo[r], hi[r]), g, vf{});
@@ -241,7 +251,7 @@ struct GradientEpilogue {
     }
     GradientEpilogue at(int m, int n) const {
         return {P + m * ldp + n, ldp, delta + m, lo + m, hi + m, col0 + n,
-                dcap ? dcap + m * ldp + n : nullptr};
+                dcap ? dcap + m * ldp + n : nullptr, bias ? bias + m * ldp + n : nullptr};
     }
 };
 
@@ -376,7 +386,7 @@ void probabilities_and_gradients(const KeyBlock& kb, int nq, int Nk, int D, int 
         gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false, probabilities);
     (void)q, (void)ldq, (void)scale;
     gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false,
-                GradientEpilogue<Masked>{P, kBlockK, delta, klo, khi, 0, mods.dcap});
+                GradientEpilogue<Masked>{P, kBlockK, delta, klo, khi, 0, mods.dcap, mods.bias});
 }
 
 // One query tile against the key block: P and dS, then dV += P^T dO,
@@ -422,9 +432,15 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
     int qlo[kBlockK], qhi[kBlockK];  // per key: the query rows that see it
 
     const bool masked = !block_inside_band(p, i0, i0 + nq, kb.j0, kb.j0 + nk);
-    if (masked) {
+    // Some row does not see some key of the tile: the band cuts it, or the
+    // mask hides an entry (whose dS and P are zeros, as the band's).
+    const float* hidden = mods.bias && any_hidden(mods.bias, nq, nk, kBlockK) ? mods.bias : nullptr;
+    const bool cut = masked || hidden;
+    if (cut) {
         for (int r = 0; r < nq; ++r) row_keys(p, i0 + r, kb.j0, nk, klo[r], khi[r]);
         for (int j = 0; j < nk; ++j) key_columns(p, kb.j0 + j, i0, nq, qlo[j], qhi[j]);
+    }
+    if (masked) {
         probabilities_and_gradients<true>(kb, nq, Nk, D, Dp, Qr, q_amx, p.q.t, p.scale, dOr, lse,
                                           delta, klo, khi, mods, P, dS);
     } else {
@@ -440,7 +456,7 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
     // hold an inf or NaN takes the float32 products below, which keep masked
     // zeros away from them.
     if constexpr (kAmxScores<T>) {
-        if (q_amx && (!masked || (kb.k_finite && all_finite(q_amx, nq, D, p.q.t) &&
+        if (q_amx && (!cut || (kb.k_finite && all_finite(q_amx, nq, D, p.q.t) &&
                                   all_finite(do0 + i0 * p.dout.t, nq, D, p.dout.t)))) {
             const int Qp = int(round_up(nq, 32)), Kp = int(round_up(nk, 32));
             const int keys = int(round_up(nk, 16)), rows = int(round_up(nq, 16));
@@ -474,15 +490,17 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
     // Products over the query rows, C (keys x Dp) += A^T B: dV += P^T dO and
     // dK += dS^T Q; ranged where a masked zero of A faces an inf or NaN of B.
     auto over_queries = [&](const float* A, const float* B, float* C) {
-        if (masked && !all_finite(B, nq, D, Dp))
-            gemm_ranged<true>(nk, Dp, qlo, qhi, A, kBlockK, B, Dp, C, Dp, nullptr, true);
+        if (cut && !all_finite(B, nq, D, Dp))
+            gemm_ranged<true>(nk, Dp, qlo, qhi, A, kBlockK, B, Dp, C, Dp, nullptr, true, hidden, 1,
+                              kBlockK);
         else
             gemm<true>(nk, Dp, nq, A, kBlockK, B, Dp, C, Dp, nullptr, true);
     };
     over_queries(P, dOr, kb.dV);
     over_queries(dS, Qr, kb.dK);
-    if (masked && !kb.k_finite)  // dQ += dS K, over the keys
-        gemm_ranged<false>(nq, Dp, klo, khi, dS, kBlockK, kb.Kp, Dp, dq, ldq, nullptr, true);
+    if (cut && !kb.k_finite)  // dQ += dS K, over the keys
+        gemm_ranged<false>(nq, Dp, klo, khi, dS, kBlockK, kb.Kp, Dp, dq, ldq, nullptr, true,
+                           hidden, kBlockK, 1);
     else
         gemm<false>(nq, Dp, nk, dS, kBlockK, kb.Kp, Dp, dq, ldq, nullptr, true);
 }
@@ -562,6 +580,7 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
             }
 #endif
             for (int64_t h = heads0; h < heads1; ++h) {
+                stop_if_interrupted();  // a block and head: up to Tq query rows
                 const int64_t bh = b * p.H + h;
                 const ScoreMods score = ScoreMods::of(p, io.score, b, h);
                 const T* q0 = static_cast<const T*>(io.q) + b * p.q.b + h * p.q.h;

@@ -19,7 +19,8 @@ CALLS = textwrap.dedent("""
     import warnings
     import numpy as np
     import flashattn as fa
-    from flashattn import _core, _info
+    from flashattn import _core
+    from flashattn.cli import info as _info
     rng = np.random.default_rng(3)
     q = rng.standard_normal((1, 40, 2, 64), dtype=np.float32)
     k = rng.standard_normal((1, 40, 1, 64), dtype=np.float32)

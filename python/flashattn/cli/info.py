@@ -1,7 +1,8 @@
 """`python -m flashattn info`: what this installation is and what it runs on
--- versions, platform, engines (and why any is left out: not built here, did
-not start, or failed its self-test), the GPU engines' self-test so far, and
-the cpu engine's instruction-set path (the one in use, the ones this CPU
+-- versions, platform, the CPU (model, cores, extensions), engines (and why
+any is left out: not built here, did not start, or failed its self-test),
+the GPU engines' self-test so far, and the cpu engine's instruction-set
+path (the one in use, the ones this CPU
 supports, the ones built in)."""
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import os
 import platform
 import sys
 from typing import List, Optional
+
+from . import machine
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -25,7 +28,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"flashattn {fa.__version__} at {os.path.dirname(fa.__file__)}")
     print(f"python {platform.python_version()}, numpy {np.__version__}, "
           f"{platform.system()} {platform.machine()}")
-    from . import _core, _engines
+    print(machine.summary(machine.describe()))
+    from .. import _core, _engines
 
     print(f"engines, best first: {', '.join(fa.backends())}")
     for name, (reason, _failed) in _engines.missing().items():

@@ -1,5 +1,5 @@
 """`python -m flashattn bench options`: what the score options and
-variable-length batches cost on the cpu engine (issue 16), with torch SDPA's
+variable-length batches cost on the cpu engine, with torch SDPA's
 counterparts in the same run where it has them.
 
 Options: one causal shape, plain attention against softcap, ALiBi, sinks, a
@@ -20,19 +20,20 @@ sequence (what it did before: each short sequence a parallel loop of its own).
 
 Every timed call runs once to warm up, then --repeat times (at least 5),
 the variants interleaved in alternating order; min (median) in ms.
+``--json FILE`` writes every figure and each run's time.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
 
 import numpy as np
 
-from ._cli_args import positive_int
+from ..args import positive_int
+from .output import Column, Progress, Report, Table, ms_runs, threads
 
 OPTIONS_SHAPE = (1, 2048, 8, 8, 64)  # B, T, H, Hkv, D; causal
 VARLEN_LENGTHS = [1536, 768, 384, 256, 128, 128, 64, 64, 32, 16]
@@ -41,12 +42,13 @@ SHORT_BATCH = (256, 64)  # sequences, tokens each: issue 34's first varlen case
 MIXED_BATCH = (64, 512)  # sequences, longest: lengths drawn from 1..512 (seeded)
 
 
-def _interleaved(fns, repeat):
+def _interleaved(fns, repeat, progress):
     times = {name: [] for name in fns}
     for fn in fns.values():
         fn()
     names = list(fns)
     for r in range(repeat):
+        progress.note(f"run {r + 1}/{repeat}")
         for name in (names if r % 2 == 0 else names[::-1]):
             t0 = time.perf_counter()
             fns[name]()
@@ -54,11 +56,7 @@ def _interleaved(fns, repeat):
     return times
 
 
-def _fmt(ts):
-    return f"{min(ts) * 1e3:9.2f} ({statistics.median(ts) * 1e3:8.2f})"
-
-
-def options_section(repeat, torch):
+def options_section(repeat, torch, progress):
     import flashattn as fa
 
     B, T, H, Hkv, D = OPTIONS_SHAPE
@@ -126,32 +124,38 @@ def options_section(repeat, torch):
         for name, mask in torch_masks.items():
             fns[("torch", "fwd", name)] = torch_fwd(mask)
             fns[("torch", "fwd+bwd", name)] = torch_fwd_bwd(mask)
-    names = list(fns)
-    times = _interleaved({n: fns[n] for n in names}, repeat)
+    progress.step(f"score options, B={B}, T={T}, H={H}, D={D}")
+    times = _interleaved(fns, repeat, progress)
 
-    print(f"\nscore options, cpu engine: B={B}, T={T}, H={H}, D={D}, causal; "
-          f"min (median) ms of {repeat} interleaved runs; cost = min / plain's min")
-    head = f"{'option':<18} {'pass':<8} {'flashattn ms':>20} {'cost':>7}"
+    cols = [Column("option", "option"), Column("pass", "pass"),
+            Column("ours_ms", "flashattn ms", ".2f"), Column("ours_median_ms", "median", ".2f"),
+            Column("cost", "cost", "+.1%")]
     if torch is not None:
-        head += f" {'torch SDPA ms':>20} {'torch / ours':>12}"
-    print(head)
-    print("-" * len(head))
+        cols += [Column("torch_ms", "torch SDPA ms", ".2f"),
+                 Column("torch_median_ms", "median", ".2f"), Column("speedup", "torch / ours", "x")]
+    table = Table("options", f"score options, cpu engine: B={B}, T={T}, H={H}, D={D}, causal; "
+                  f"min and median ms of {repeat} interleaved runs; cost = min / plain's min - 1",
+                  cols)
     for kind in ("fwd", "fwd+bwd"):
         plain = min(times[("ours", kind, "plain")])
         for name in variants:
             ours = times[("ours", kind, name)]
-            line = f"{name:<18} {kind:<8} {_fmt(ours)} {100 * (min(ours) / plain - 1):+6.1f}%"
+            row = {"option": name, "pass": kind, "ours_ms": min(ours) * 1e3,
+                   "ours_median_ms": statistics.median(ours) * 1e3, "cost": min(ours) / plain - 1,
+                   "ours_runs_ms": ms_runs(ours)}
             key = ("torch", kind, name)
             if key in times:
-                line += f" {_fmt(times[key])} {min(times[key]) / min(ours):11.2f}x"
-            print(line)
+                th = times[key]
+                row.update(torch_ms=min(th) * 1e3, torch_median_ms=statistics.median(th) * 1e3,
+                           speedup=min(th) / min(ours), torch_runs_ms=ms_runs(th))
+            table.add(row)
     if torch is not None:
-        print("torch: plain is is_causal=True; alibi is an additive (1, H, T, T) causal bias; "
-              "the bool and float masks the same (T, T) arrays")
-    return times
+        table.note("torch: plain is is_causal=True; alibi is an additive (1, H, T, T) causal "
+                   "bias; the bool and float masks the same (T, T) arrays")
+    return table
 
 
-def varlen_section(repeat):
+def varlen_section(repeat, progress):
     import flashattn as fa
 
     H, Hkv, D = VARLEN_HEADS
@@ -175,22 +179,27 @@ def varlen_section(repeat):
                                                  backend="cpu"))
            for name, c in cases.items()}
     fns["padded"] = lambda: fa.attention(pq, pk, pv, causal=True, backend="cpu")
-    times = _interleaved(fns, repeat)
+    progress.step(f"varlen, H={H}, D={D}")
+    times = _interleaved(fns, repeat, progress)
     work = {"skewed": sum(t * t for t in skewed), "equal": sum(t * t for t in equal),
             "padded": len(skewed) * T_max * T_max}
-    print(f"\nvarlen, cpu engine, causal forward: H={H}, D={D}; skewed lengths {skewed}; "
-          f"'equal' has {len(equal)} sequences of {equal[0]} (the same sum T^2); "
-          f"'padded' is the skewed batch padded to {T_max}")
-    head = f"{'batch':<8} {'sum T_b^2':>12} {'ms':>20} {'ns per T^2':>11} {'time / skewed':>14}"
-    print(head)
-    print("-" * len(head))
+    table = Table("varlen", f"varlen, cpu engine, causal forward: H={H}, D={D}; skewed lengths "
+                  f"{skewed}; 'equal' has {len(equal)} sequences of {equal[0]} (the same sum "
+                  f"T^2); 'padded' is the skewed batch padded to {T_max}",
+                  [Column("batch", "batch"), Column("work", "sum T_b^2", "d"),
+                   Column("ms", "ms", ".2f"), Column("median_ms", "median", ".2f"),
+                   Column("ns_per_t2", "ns per T^2", ".3f"),
+                   Column("vs_skewed", "time / skewed", "x")])
     base = min(times["skewed"])
     for name in ("skewed", "equal", "padded"):
         ts = times[name]
-        print(f"{name:<8} {work[name]:>12} {_fmt(ts)} {min(ts) / work[name] * 1e9:11.3f} "
-              f"{min(ts) / base:13.2f}x")
-    print(f"padded / skewed work ratio: {work['padded'] / work['skewed']:.2f}")
-    return times
+        table.add({"batch": name, "work": work[name], "ms": min(ts) * 1e3,
+                   "median_ms": statistics.median(ts) * 1e3,
+                   "ns_per_t2": min(ts) / work[name] * 1e9, "vs_skewed": min(ts) / base,
+                   "runs_ms": ms_runs(ts)})
+    ratio = work["padded"] / work["skewed"]
+    table.note(f"padded / skewed work ratio: {ratio:.2f}", padded_work_ratio=ratio)
+    return table
 
 
 def _causal_work(lengths):
@@ -198,7 +207,7 @@ def _causal_work(lengths):
     return sum(t * (t + 1) // 2 for t in lengths)
 
 
-def one_launch_section(repeat):
+def one_launch_section(repeat, progress):
     """A varlen call, in one engine call and in one per sequence, against a
     dense batch of the same work."""
     import flashattn as fa
@@ -261,26 +270,37 @@ def one_launch_section(repeat):
             fns[(name, kind, "dense")] = f
         work[(name, "varlen")] = _causal_work(lengths)
         work[(name, "dense")] = B * _causal_work([T])
-    times = _interleaved(fns, repeat)
+    progress.step(f"varlen in one call, H={H}, D={D}")
+    times = _interleaved(fns, repeat, progress)
 
-    print(f"\nvarlen in one call against a dense batch of the same work, cpu engine, causal: "
-          f"H={H}, Hkv={Hkv}, D={D}; mixed: {n_mixed} lengths drawn from 1..{longest} (seed 2), "
-          f"dense {n_mixed} x {rms} (the same sum T (T + 1) / 2 to within rounding)")
-    print("varlen / dense: each one's time per unit of work (sum T (T + 1) / 2), as a ratio")
-    head = (f"{'batch':<16} {'pass':<8} {'dense':>9} {'ms':>20} {'one call ms':>20} "
-            f"{'/ dense':>8} {'per sequence ms':>20} {'/ dense':>8}")
-    print(head)
-    print("-" * len(head))
+    table = Table("one-launch", "varlen in one call against a dense batch of the same work, cpu "
+                  f"engine, causal: H={H}, Hkv={Hkv}, D={D}; mixed: {n_mixed} lengths drawn from "
+                  f"1..{longest} (seed 2), dense {n_mixed} x {rms} (the same sum T (T + 1) / 2 to "
+                  "within rounding); / dense: time per unit of work (sum T (T + 1) / 2) over "
+                  "dense's",
+                  [Column("batch", "batch"), Column("pass", "pass"), Column("dense", "dense"),
+                   Column("dense_ms", "ms", ".2f"), Column("dense_median_ms", "median", ".2f"),
+                   Column("varlen_ms", "one call ms", ".2f"),
+                   Column("varlen_median_ms", "median", ".2f"),
+                   Column("varlen_vs_dense", "/ dense", "x"),
+                   Column("per_sequence_ms", "per sequence ms", ".2f"),
+                   Column("per_sequence_median_ms", "median", ".2f"),
+                   Column("per_sequence_vs_dense", "/ dense", "x")])
     for name, (lengths, (B, T)) in cases.items():
         for kind in ("fwd", "fwd+bwd"):
             td = times[(name, kind, "dense")]
-            line = f"{name:<16} {kind:<8} {f'{B}x{T}':>9} {_fmt(td)}"
+            row = {"batch": name, "pass": kind, "dense": f"{B}x{T}", "dense_ms": min(td) * 1e3,
+                   "dense_median_ms": statistics.median(td) * 1e3, "dense_runs_ms": ms_runs(td)}
             for variant in ("varlen", "per sequence"):
                 tv = times[(name, kind, variant)]
-                ratio = (min(tv) / work[(name, "varlen")]) / (min(td) / work[(name, "dense")])
-                line += f" {_fmt(tv)} {ratio:7.2f}x"
-            print(line)
-    return times
+                key = variant.replace(" ", "_")
+                row[f"{key}_ms"] = min(tv) * 1e3
+                row[f"{key}_median_ms"] = statistics.median(tv) * 1e3
+                row[f"{key}_vs_dense"] = ((min(tv) / work[(name, "varlen")]) /
+                                          (min(td) / work[(name, "dense")]))
+                row[f"{key}_runs_ms"] = ms_runs(tv)
+            table.add(row)
+    return table
 
 
 def main(argv=None) -> int:
@@ -289,7 +309,10 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=positive_int, default=5, help="timed runs (>= 5)")
     parser.add_argument("--threads", type=positive_int, default=None)
-    parser.add_argument("--only", choices=("options", "varlen", "one-launch"), default=None)
+    parser.add_argument("--only", choices=("options", "varlen", "one-launch"), default=None,
+                        help="one section (varlen also runs one-launch)")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure, each run's "
+                        "time and the machine's description to FILE (JSON)")
     args = parser.parse_args(argv)
     if args.repeat < 5:
         parser.error("--repeat must be at least 5")
@@ -301,18 +324,25 @@ def main(argv=None) -> int:
         import torch
 
         torch.set_num_threads(fa.get_num_threads())
-        note = f"torch {torch.__version__}"
+        note = f"torch {torch.__version__} scaled_dot_product_attention"
     except ImportError:
         torch, note = None, "torch not installed: flashattn only"
-    print(f"flashattn {fa.__version__}, {fa.get_num_threads()} threads, cpu isa {fa.cpu_isa()}, "
-          f"{note}; load average at start {os.getloadavg()[0]:.2f}")
-    if args.only in (None, "options"):
-        options_section(args.repeat, torch)
-    if args.only in (None, "varlen"):
-        varlen_section(args.repeat)
-    if args.only in (None, "varlen", "one-launch"):
-        one_launch_section(args.repeat)
-    print(f"load average at end {os.getloadavg()[0]:.2f}")
+    sections = {None: ["options", "varlen", "one-launch"], "options": ["options"],
+                "varlen": ["varlen", "one-launch"], "one-launch": ["one-launch"]}[args.only]
+    report = Report("bench options: the score options and varlen on the cpu engine",
+                    {"dtype": "float32", "threads": fa.get_num_threads(), "repeat": args.repeat,
+                     "sections": sections})
+    report.line(f"competitor: {note}; {threads(fa.get_num_threads())}", competitor=note)
+    progress = Progress(len(sections))
+    if "options" in sections:
+        report.add(options_section(args.repeat, torch, progress))
+    if "varlen" in sections:
+        report.add(varlen_section(args.repeat, progress))
+    if "one-launch" in sections:
+        report.add(one_launch_section(args.repeat, progress))
+    progress.close()
+    report.print()
+    report.write_json(args.json)
     return 0
 
 
