@@ -11,6 +11,7 @@
 
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 
 #include "bindings/released_call.h"
@@ -18,8 +19,11 @@
 #include "core/interrupt.h"
 #include "core/params.h"
 #include "core/registry.h"
+#include "core/selftest.h"
 #include "core/varlen.h"
 #include "cpu/isa.h"
+#include "engines/factories.h"
+#include "sim/runtime.h"
 #include "cpu/peak.h"
 #include "cpu/thread_pool.h"
 
@@ -85,6 +89,38 @@ using bindings::run_released;
 
 Engine& engine_for(const std::optional<std::string>& backend) {
     return backend ? get_engine(*backend) : default_engine();
+}
+
+// The RuntimeWarning for an engine left out after it started (its self-test
+// failed, core/selftest.h), once per engine; the words are those of the
+// import-time warning for an engine that could not start (_engines.py).
+void warn_left_out(const std::string& engine, const std::string& reason) {
+    static std::mutex mu;
+    static std::set<std::string> warned;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!warned.insert(engine).second) return;
+    }
+    const std::string text = "flashattn engine unavailable, '" + engine +
+                             "' left out of backends(). Reason: " + reason;
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, text.c_str(), 1) != 0) throw nb::python_error();
+}
+
+// Runs compute(engine) without the GIL. When the engine fails its self-test
+// on this call it is left out from now on (Engine::unusable_reason) and a
+// RuntimeWarning says why; the call is then answered by the best engine left
+// when no backend was named, and raises the failure (RuntimeError) when this
+// one was.
+template <class F>
+void run_on(const std::optional<std::string>& backend, Engine& engine, F&& compute) {
+    try {
+        run_released([&] { compute(engine); });
+    } catch (const SelfTestFailed& e) {
+        warn_left_out(engine.name(), e.what());
+        if (backend) throw std::runtime_error(e.what());
+        Engine& next = default_engine();
+        run_released([&] { compute(next); });
+    }
 }
 
 AttentionOptions options_of(bool causal, int64_t window_left, int64_t window_right,
@@ -166,10 +202,10 @@ nb::tuple forward(DataArray q, DataArray k, DataArray v, bool causal, int64_t wi
     Engine& engine = engine_for(backend);
     PendingOutput o(engine, fn, "o", {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)}, dt);
     PendingOutput lse(engine, fn, "lse", {size_t(p.B), size_t(p.H), size_t(p.Tq)});
-    run_released([&] {
+    run_on(backend, engine, [&](Engine& e) {
         ForwardIO io{q.data(), k.data(), v.data(), o.buffer.data, lse.floats(), score};
         io.dtype = dt;
-        run_forward(engine, p, io);
+        run_forward(e, p, io);
     });
     return nb::make_tuple(o.release(), lse.release());
 }
@@ -196,12 +232,12 @@ nb::tuple backward(DataArray dout, DataArray q, DataArray k, DataArray v, DataAr
                      dt);
     std::optional<PendingOutput> dsinks;
     if (sinks) dsinks.emplace(engine, fn, "dsinks", std::vector<size_t>{size_t(p.H)});
-    run_released([&] {
+    run_on(backend, engine, [&](Engine& e) {
         BackwardIO io{dout.data(),    q.data(),       k.data(),      v.data(), o.data(),
                       lse.data(),     dq.buffer.data, dk.buffer.data, dv.buffer.data, score};
         io.dtype = dt;
         io.dsinks = dsinks ? dsinks->floats() : nullptr;
-        run_backward(engine, p, io);
+        run_backward(e, p, io);
     });
     if (dsinks)
         return nb::make_tuple(dq.release(), dk.release(), dv.release(), dsinks->release());
@@ -239,8 +275,8 @@ nb::tuple forward_varlen(DataArray q, DataArray k, DataArray v, PrefixSums cu_q,
     PendingOutput o(engine, fn, "o", {total, H, D}, dt);
     PendingOutput lse(engine, fn, "lse", {H, total});
     const ScoreOptions score = score_options_of(softcap, alibi, std::nullopt, std::nullopt, sinks);
-    run_released([&] {
-        run_forward_varlen(engine, seqs, qv, kv, vv,
+    run_on(backend, engine, [&](Engine& e) {
+        run_forward_varlen(e, seqs, qv, kv, vv,
                            options_of(causal, window_left, window_right, scale), score,
                            o.buffer.data, lse.floats(), schedule_of(per_sequence));
     });
@@ -278,8 +314,8 @@ nb::tuple backward_varlen(DataArray dout, DataArray q, DataArray k, DataArray v,
     std::optional<PendingOutput> dsinks;
     if (sinks) dsinks.emplace(engine, fn, "dsinks", std::vector<size_t>{size_t(q.shape(1))});
     const ScoreOptions score = score_options_of(softcap, alibi, std::nullopt, std::nullopt, sinks);
-    run_released([&] {
-        run_backward_varlen(engine, seqs, views[0], views[1], views[2], views[3], views[4],
+    run_on(backend, engine, [&](Engine& e) {
+        run_backward_varlen(e, seqs, views[0], views[1], views[2], views[3], views[4],
                             lse.data(), options_of(causal, window_left, window_right, scale),
                             score, dq.buffer.data, dk.buffer.data, dv.buffer.data,
                             dsinks ? dsinks->floats() : nullptr, schedule_of(per_sequence));
@@ -310,6 +346,29 @@ NB_MODULE(_core, m) {
             out.append(nb::make_tuple(e.name, e.reason, e.failed));
         return out;
     });
+    // The self-test (core/selftest.h) of an engine that runs one: what it has
+    // checked and what that cost; None for an engine without it.
+    m.def("_selftest_stats", [](const std::string& name) -> nb::object {
+        for (const std::string& engine : available_engines())
+            if (engine == name) {
+                const SelfTest* t = get_engine(name).selftest();
+                if (!t) return nb::none();
+                const SelfTest::Stats st = t->stats();
+                nb::dict d;
+                d["pipelines"] = st.pipelines;
+                d["probes"] = st.probes;
+                d["seconds"] = st.seconds;
+                return d;
+            }
+        return nb::none();
+    }, nb::arg("backend"));
+    // metal-sim's lane probe, and the planted lane fault of the self-test's tests.
+    m.def("_sim_lane_probe", [] {
+        std::string error;
+        run_released([&] { error = sim_lane_probe(); });
+        return error;
+    });
+    m.def("_sim_set_lane_fault", [](bool on) { fa_sim::set_lane_map_fault(on); }, nb::arg("on"));
     // The dtypes an engine's kernels take (tests parametrise by them).
     m.def("_engine_dtypes", [](const std::string& name) {
         std::vector<std::string> out;

@@ -75,6 +75,11 @@ public:
     id<MTLComputePipelineState> pipeline(const std::string& kernel,
                                          const std::vector<FunctionConstant>& constants = {});
 
+    // The self-test's lane probe (core/selftest.h) on this GPU: what each
+    // lane holds (kLaneProbeOutputs floats). Throws std::runtime_error when
+    // the probe cannot run.
+    std::vector<float> run_lane_probe();
+
     // Encodes the plan as command buffers of bounded work (core/chunks.h: each
     // launch's grid in pieces, each piece with its origin in a params copy),
     // commits them in order, waits, and throws std::runtime_error with the

@@ -11,11 +11,14 @@
 
 #include "core/chunks.h"
 #include "core/interrupt.h"
+#include "core/selftest.h"
 #include "metal/pipeline_key.h"
 
 #include <dlfcn.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <stdexcept>
@@ -266,6 +269,39 @@ id<MTLComputePipelineState> Device::pipeline(const std::string& kernel,
                                          "': " + failure);
     pipelines_.emplace(key, state);
     return state;
+}
+
+std::vector<float> Device::run_lane_probe() {
+    std::vector<float> out(kLaneProbeOutputs, std::nanf(""));
+    with_autorelease_pool([&] {
+        const Launch launch = lane_probe_launch();
+        id<MTLComputePipelineState> state = pipeline(launch.kernel, launch.constants);
+        const std::vector<float> in = lane_probe_input();
+        id<MTLBuffer> input = [device_ newBufferWithBytes:in.data()
+                                                   length:in.size() * sizeof(float)
+                                                  options:MTLResourceStorageModeShared];
+        id<MTLBuffer> output = [device_ newBufferWithLength:out.size() * sizeof(float)
+                                                    options:MTLResourceStorageModeShared];
+        if (!input || !output) throw std::runtime_error("metal: could not allocate the lane probe's buffers");
+        id<MTLCommandQueue> queue = this->queue();
+        id<MTLCommandBuffer> commands = [queue commandBuffer];
+        id<MTLComputeCommandEncoder> encoder = [commands computeCommandEncoder];
+        if (!commands || !encoder) throw std::runtime_error("metal: could not encode the lane probe");
+        [encoder setComputePipelineState:state];
+        [encoder setBuffer:input offset:0 atIndex:0];
+        [encoder setBuffer:output offset:0 atIndex:1];
+        [encoder dispatchThreadgroups:size_of(launch.grid) threadsPerThreadgroup:size_of(launch.threadgroup)];
+        [encoder endEncoding];
+        [commands commit];
+        [commands waitUntilCompleted];
+        if (commands.status != MTLCommandBufferStatusCompleted) {
+            replace_queue(queue);
+            throw std::runtime_error("metal: the lane probe's command buffer failed: " +
+                                     describe_command_buffer_error(commands));
+        }
+        std::memcpy(out.data(), output.contents, out.size() * sizeof(float));
+    });
+    return out;
 }
 
 void Device::execute(const Plan& plan, const Call& call) {

@@ -618,6 +618,23 @@ void simd_collective(const void* offer, std::size_t bytes, SimdCombine combine, 
 
 unsigned simd_lane() { return ctx().tid % kSimdWidth; }
 
+namespace {
+std::atomic<int> g_lane_fault{-1};  // -1: not read from the environment yet
+}  // namespace
+
+bool lane_map_fault() {
+    int v = g_lane_fault.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char* env = std::getenv("FLASHATTN_SIM_LANE_FAULT");
+        int expected = -1;
+        g_lane_fault.compare_exchange_strong(expected, env && std::strcmp(env, "1") == 0 ? 1 : 0);
+        v = g_lane_fault.load(std::memory_order_relaxed);
+    }
+    return v == 1;
+}
+
+void set_lane_map_fault(bool on) { g_lane_fault.store(on ? 1 : 0); }
+
 void note_threadgroup_array(void* data, std::size_t bytes) { ctx().launch->note_array(data, bytes); }
 
 void register_function_constant(unsigned index, std::size_t bytes, bool is_float, void* value,

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/plan.h"
+#include "core/selftest.h"
 
 using namespace flashattn;
 
@@ -67,6 +68,8 @@ int main() {
         plan(forward_plan, p);
         plan(plan_backward, p);
     }
+    // The self-test's lane probe (core/selftest.h), launched at engine start.
+    lines.insert(describe(lane_probe_launch()));
     for (const std::string& line : lines) std::printf("%s\n", line.c_str());
     return 0;
 }
