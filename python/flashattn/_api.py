@@ -4,11 +4,10 @@ shapes and runs the chosen engine with the GIL released."""
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from . import _main_interpreter  # first: refuses a subinterpreter before _core loads
-from . import _args, _core
+from . import _args, _core, _dtypes
 from ._arrays import host_array
 from .memory import _contiguous_copy
 
@@ -38,11 +37,6 @@ def get_num_threads() -> int:
     return int(_core.get_num_threads())
 
 
-# The dtypes of q, k, v (and do, o, dq, dk, dv), by the name _core takes.
-_DATA_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
-                np.dtype(ml_dtypes.bfloat16): "bfloat16"}
-
-
 def _dtype_error(fn: str, name: str, dtype) -> TypeError:
     if dtype.kind == "f" and not dtype.isnative:
         return TypeError(f"{fn}: {name} has non-native byte order ({dtype.str}); convert with "
@@ -64,7 +58,7 @@ def _input(fn: str, name: str, x, floats_only: bool = False) -> np.ndarray:
             raise _dtype_error(fn, name, x.dtype)
         raise TypeError(f"{fn}: {name} must be float32 (lse always is), got {x.dtype}; "
                         f"convert with {name}.astype(np.float32)")
-    if x.dtype not in _DATA_DTYPES:
+    if _dtypes.name_of(x.dtype) is None:
         raise _dtype_error(fn, name, x.dtype)
     if x.size == 0:
         return x  # nothing is read: its strides do not matter
@@ -85,7 +79,7 @@ def _one_dtype(fn: str, arrays: dict) -> str:
         seen = ", ".join(f"{name} is {dtype}" for name, dtype in dtypes.items())
         raise TypeError(f"{fn}: q, k and v must share one dtype (and do, o have q's); {seen}. "
                         f"Convert them with .astype(), e.g. .astype(q.dtype)")
-    return _DATA_DTYPES[dtypes["q"]]
+    return _dtypes.name_of(dtypes["q"])
 
 
 def _raw(x: np.ndarray) -> np.ndarray:
@@ -95,9 +89,7 @@ def _raw(x: np.ndarray) -> np.ndarray:
 
 def _cooked(x: np.ndarray, dtype: str) -> np.ndarray:
     """An output of _core (float32, or uint16 bits) in the call's dtype."""
-    if dtype == "float32":
-        return x
-    return x.view(np.float16 if dtype == "float16" else ml_dtypes.bfloat16)
+    return x if dtype == "float32" else x.view(_dtypes.numpy_dtype(dtype))
 
 
 def _backend(fn: str, backend) -> str | None:

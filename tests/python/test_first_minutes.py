@@ -1,0 +1,36 @@
+"""A new user's first minutes (issue 33, section 3): ``import flashattn``
+loads no heavy dependency (ml_dtypes, a framework, MPI), a wrapper imported
+without its framework says which extra to install, and cu_seqlens in int64
+(what np.cumsum gives) is taken when its values fit int32."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import flashattn as fa
+
+HEAVY = ("ml_dtypes", "torch", "jax", "mlx", "mpi4py")
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_import_flashattn_loads_no_heavy_dependency():
+    # ml_dtypes alone took 1.1 s of the 1.25-1.8 s import before issue 33.
+    out = _run(f"import sys, flashattn; print([m for m in {HEAVY!r} if m in sys.modules])")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+def test_bfloat16_works_when_ml_dtypes_comes_after_flashattn():
+    out = _run("import flashattn as fa, numpy as np, ml_dtypes\n"
+               "q = np.ones((1, 3, 2, 8), ml_dtypes.bfloat16)\n"
+               "print(fa.attention(q, q, q).dtype)")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "bfloat16"
