@@ -175,10 +175,18 @@ def mask(fn: str, value, B: int, H: int, Tq: int, Tk: int,
 
 
 def cu_seqlens(fn: str, name: str, value, total: int) -> np.ndarray:
-    """int32 (batch + 1,) prefix sums: 0 first, non-decreasing, ``total`` last."""
+    """int32 (batch + 1,) prefix sums: 0 first, non-decreasing, ``total`` last.
+    Other integer dtypes (int64 is what np.cumsum gives) are taken when every
+    value fits int32, as an int32 copy of these batch + 1 numbers."""
     value = array(fn, name, value)
-    if value.dtype != np.int32:
-        raise TypeError(f"{fn}: {name} must be int32, got {value.dtype}")
+    if value.dtype.kind not in "iu":
+        raise TypeError(f"{fn}: {name} must be int32 (or integers that fit it), got {value.dtype}")
+    if value.dtype != np.int32 and value.size:
+        info = np.iinfo(np.int32)
+        low, high = int(value.min()), int(value.max())
+        if low < info.min or high > info.max:
+            raise ValueError(f"{fn}: {name} must fit int32, got values from {low} to {high}")
+    value = value.astype(np.int32, copy=False)
     if value.ndim != 1 or value.shape[0] < 1:
         raise ValueError(f"{fn}: {name} must have shape (batch + 1,), got {value.shape}")
     if value[0] != 0:

@@ -34,3 +34,22 @@ def test_bfloat16_works_when_ml_dtypes_comes_after_flashattn():
                "print(fa.attention(q, q, q).dtype)")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "bfloat16"
+
+
+def test_cu_seqlens_from_np_cumsum_are_taken_when_they_fit_int32():
+    rng = np.random.default_rng(3)
+    lengths = np.array([5, 0, 11])
+    cu = np.concatenate([[0], np.cumsum(lengths)])  # int64, as np.cumsum gives
+    assert cu.dtype == np.int64
+    q, k, v = (rng.standard_normal((16, 2, 8), dtype=np.float32) for _ in range(3))
+    o, lse = fa.attention_varlen(q, k, v, cu, cu, causal=True, return_lse=True)
+    want, want_lse = fa.attention_varlen(q, k, v, cu.astype(np.int32), cu.astype(np.int32),
+                                         causal=True, return_lse=True)
+    np.testing.assert_array_equal(o, want)
+    grads = fa.attention_varlen_backward(q, q, k, v, o, lse, cu, cu.astype(np.uint64), causal=True)
+    for g, w in zip(grads, fa.attention_varlen_backward(q, q, k, v, o, lse, cu.astype(np.int32),
+                                                        cu.astype(np.int32), causal=True)):
+        np.testing.assert_array_equal(g, w)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must fit int32, got values from 0 to "
+                                         r"2147483664"):
+        fa.attention_varlen(q, k, v, cu + np.array([0, 0, 0, 2**31]), cu)
