@@ -28,6 +28,23 @@ def flag(fn: str, name: str, value) -> bool:
     return bool(value)
 
 
+LAYOUTS = ("bthd", "bhtd")
+
+
+def layout(fn: str, value) -> str:
+    """"bthd" (FlashAttention's: q is (B, T, H, D)) or "bhtd" (torch's and
+    MLX's: (B, H, T, D))."""
+    if not isinstance(value, str) or value not in LAYOUTS:
+        raise ValueError(f"{fn}: layout must be one of {LAYOUTS}, got {value!r}")
+    return value
+
+
+def to_bthd(x, layout: str):
+    """A 4-d array of ``layout`` as a (B, T, H, D) view (arrays of other
+    ranks as they are: the shape checks report them)."""
+    return x.swapaxes(1, 2) if layout == "bhtd" and x.ndim == 4 else x
+
+
 def window(fn: str, value) -> tuple[int, int]:
     """(left, right) as ints in -1..2**62: a tuple or list of two ints, each
     -1 (unbounded) or at least 0."""
