@@ -209,6 +209,10 @@ def plain_varlen(ops: Ops, concatenate, q, k, v, cu_q, cu_k, *, alibi_slopes=Non
     H, D = q.shape[1], q.shape[2]
     for b, ((q0, q1), (k0, k1)) in enumerate(zip(sequences(cu_q), sequences(cu_k))):
         slopes = None if alibi_slopes is None else alibi_slopes[b]
+        if q0 == q1:  # no rows (MLX 0.32.4 dies of SIGFPE differentiating them in float64)
+            outs.append(ops.constant(np.zeros((0, H, D)), q))
+            lses.append(ops.constant(np.zeros((H, 0)), q))
+            continue
         if k0 == k1:  # no keys: o = 0, lse = the sink (or -inf)
             outs.append(ops.constant(np.zeros((q1 - q0, H, D)), q))
             sinks = options.get("sinks")
