@@ -9,16 +9,11 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <unistd.h>
-
-#include <chrono>
-#include <condition_variable>
-#include <exception>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
 
+#include "bindings/released_call.h"
 #include "core/engine.h"
 #include "core/interrupt.h"
 #include "core/params.h"
@@ -86,108 +81,7 @@ TensorView data_view(const char* fn, const char* name, const DataArray& a, DType
     return view_of(a, dtype);
 }
 
-// ---- Running compiled work with the GIL released.
-//
-// Not nb::gil_scoped_release: its destructor (noexcept) takes the GIL back,
-// and a daemon thread that does so while the interpreter is finalizing is
-// ended by Python with a forced unwind, which a noexcept frame turns into
-// std::terminate. Here instead the exit hook (stop_calls_at_exit) first
-// stops every call and waits for it; a call that ends after that never takes
-// the GIL again: its thread sleeps until the process is gone.
-std::mutex g_calls_mutex;
-std::condition_variable g_calls_changed;
-int g_calls_running = 0;  // calls between releasing and retaking the GIL
-bool g_exiting = false;
-
-[[noreturn]] void sleep_until_process_exit() {
-    for (;;) pause();
-}
-
-// Only the main thread of the main interpreter runs Python's signal handlers.
-bool on_main_thread() {
-    static PyObject* main_thread =  // never released: it outlives the interpreter
-        nb::object(nb::module_::import_("threading").attr("main_thread")).release().ptr();
-    nb::object thread = nb::steal(PyObject_CallNoArgs(main_thread));
-    if (!thread.is_valid()) throw nb::python_error();
-    return nb::cast<unsigned long>(thread.attr("ident")) == PyThread_get_thread_ident();
-}
-
-// Runs compute() without the GIL (called with it). On the main thread,
-// Python's signal handlers run every ~20 ms while it works (core/interrupt.h);
-// when one raises (Ctrl-C: KeyboardInterrupt), the engine stops between work
-// items and that exception is raised here, the outputs discarded.
-template <class F>
-void run_released(F&& compute) {
-    const bool poll_signals = on_main_thread();
-    bool exiting;
-    {
-        std::lock_guard<std::mutex> lock(g_calls_mutex);
-        exiting = g_exiting;
-        if (!exiting) ++g_calls_running;
-    }
-    if (exiting) {  // a daemon thread calling in during exit: never returns
-        PyEval_SaveThread();
-        sleep_until_process_exit();
-    }
-    PyObject *err_type = nullptr, *err_value = nullptr, *err_trace = nullptr;
-    PyThreadState* state = PyEval_SaveThread();
-    bool interrupted = false;
-    std::exception_ptr failure;
-    try {
-        std::optional<InterruptScope> scope;
-        if (poll_signals)
-            scope.emplace([&] {
-                PyEval_RestoreThread(state);
-                const bool raised = PyErr_CheckSignals() != 0;
-                if (raised) PyErr_Fetch(&err_type, &err_value, &err_trace);
-                state = PyEval_SaveThread();
-                return raised;
-            });
-        compute();
-    } catch (const Interrupted&) {
-        interrupted = true;
-    } catch (...) {
-        failure = std::current_exception();
-    }
-    // Once the exit hook has begun, park; until then the GIL may be taken
-    // back: the hook waits for this call (it is still counted) before the
-    // interpreter finalizes, so Python cannot end this thread mid-frame.
-    {
-        std::unique_lock<std::mutex> lock(g_calls_mutex);
-        if (g_exiting) {
-            --g_calls_running;
-            g_calls_changed.notify_all();
-            lock.unlock();
-            sleep_until_process_exit();
-        }
-    }
-    PyEval_RestoreThread(state);
-    {
-        std::lock_guard<std::mutex> lock(g_calls_mutex);
-        --g_calls_running;
-        g_calls_changed.notify_all();
-    }
-    if (err_type) {
-        PyErr_Restore(err_type, err_value, err_trace);
-        throw nb::python_error();
-    }
-    if (failure) std::rethrow_exception(failure);
-    if (interrupted) throw std::runtime_error("flashattn: the call was interrupted");
-}
-
-// atexit: after the non-daemon threads are joined and before the
-// interpreter finalizes. Every running call stops at its next check; wait
-// (without the GIL) until each has parked or returned to Python.
-void stop_calls_at_exit() {
-    stop_all_calls();
-    PyThreadState* state = PyEval_SaveThread();
-    {
-        std::unique_lock<std::mutex> lock(g_calls_mutex);
-        g_exiting = true;
-        g_calls_changed.wait_for(lock, std::chrono::seconds(10), [] { return g_calls_running == 0; });
-    }
-    PyEval_RestoreThread(state);
-}
+using bindings::run_released;
 
 Engine& engine_for(const std::optional<std::string>& backend) {
     return backend ? get_engine(*backend) : default_engine();
@@ -323,11 +217,18 @@ Sequences sequences_of(const char* fn, const PrefixSums& cu_q, const PrefixSums&
                           int64_t(cu_k.shape(0)), int64_t(q.shape(0)), int64_t(k.shape(0)));
 }
 
+// per_sequence (private: the bench's and tests' baseline): one engine call
+// per sequence instead of the engine's one call for the batch.
+VarlenSchedule schedule_of(bool per_sequence) {
+    return per_sequence ? VarlenSchedule::per_sequence : VarlenSchedule::one_call;
+}
+
 nb::tuple forward_varlen(DataArray q, DataArray k, DataArray v, PrefixSums cu_q,
                          PrefixSums cu_k, bool causal, int64_t window_left, int64_t window_right,
                          std::optional<double> scale, double softcap,
                          std::optional<InputArray> alibi, std::optional<InputArray> sinks,
-                         std::optional<std::string> backend, const std::string& dtype_name_) {
+                         std::optional<std::string> backend, const std::string& dtype_name_,
+                         bool per_sequence) {
     const char* fn = "attention_varlen";
     const DType dt = dtype_of(fn, dtype_name_);
     const Sequences seqs = sequences_of(fn, cu_q, cu_k, q, k);
@@ -341,7 +242,7 @@ nb::tuple forward_varlen(DataArray q, DataArray k, DataArray v, PrefixSums cu_q,
     run_released([&] {
         run_forward_varlen(engine, seqs, qv, kv, vv,
                            options_of(causal, window_left, window_right, scale), score,
-                           o.buffer.data, lse.floats());
+                           o.buffer.data, lse.floats(), schedule_of(per_sequence));
     });
     return nb::make_tuple(o.release(), lse.release());
 }
@@ -352,7 +253,8 @@ nb::tuple backward_varlen(DataArray dout, DataArray q, DataArray k, DataArray v,
                           PrefixSums cu_q, PrefixSums cu_k, bool causal, int64_t window_left,
                           int64_t window_right, std::optional<double> scale, double softcap,
                           std::optional<InputArray> alibi, std::optional<InputArray> sinks,
-                          std::optional<std::string> backend, const std::string& dtype_name_) {
+                          std::optional<std::string> backend, const std::string& dtype_name_,
+                          bool per_sequence) {
     const char* fn = "attention_varlen_backward";
     const DType dt = dtype_of(fn, dtype_name_);
     const Sequences seqs = sequences_of(fn, cu_q, cu_k, q, k);
@@ -380,7 +282,7 @@ nb::tuple backward_varlen(DataArray dout, DataArray q, DataArray k, DataArray v,
         run_backward_varlen(engine, seqs, views[0], views[1], views[2], views[3], views[4],
                             lse.data(), options_of(causal, window_left, window_right, scale),
                             score, dq.buffer.data, dk.buffer.data, dv.buffer.data,
-                            dsinks ? dsinks->floats() : nullptr);
+                            dsinks ? dsinks->floats() : nullptr, schedule_of(per_sequence));
     });
     if (dsinks)
         return nb::make_tuple(dq.release(), dk.release(), dv.release(), dsinks->release());
@@ -432,13 +334,14 @@ NB_MODULE(_core, m) {
           nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("causal"),
           nb::arg("window_left"), nb::arg("window_right"), nb::arg("scale").none(),
           nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
-          nb::arg("backend").none(), nb::arg("dtype") = "float32");
+          nb::arg("backend").none(), nb::arg("dtype") = "float32",
+          nb::arg("_per_sequence") = false);
     m.def("backward_varlen", &backward_varlen, nb::arg("do"), nb::arg("q"), nb::arg("k"),
           nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("cu_seqlens_q"),
           nb::arg("cu_seqlens_k"), nb::arg("causal"), nb::arg("window_left"),
           nb::arg("window_right"), nb::arg("scale").none(), nb::arg("softcap"),
           nb::arg("alibi_slopes").none(), nb::arg("sinks").none(), nb::arg("backend").none(),
-          nb::arg("dtype") = "float32");
+          nb::arg("dtype") = "float32", nb::arg("_per_sequence") = false);
     m.def("check_call", &check_call, nb::arg("fn"), nb::arg("q_shape"), nb::arg("k_shape"),
           nb::arg("v_shape"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
           nb::arg("scale").none());
@@ -464,6 +367,5 @@ NB_MODULE(_core, m) {
 #ifdef FLASHATTN_HAVE_METAL
     bind_metal(m);
 #endif
-    m.def("_stop_calls_at_exit", &stop_calls_at_exit);
-    nb::module_::import_("atexit").attr("register")(m.attr("_stop_calls_at_exit"));
+    bindings::install_process_hooks(m);  // the exit hook and the fork handler
 }

@@ -25,6 +25,16 @@
 namespace flashattn::cpu {
 namespace {
 
+struct Job;
+
+// The task this thread is running, for stop_if_interrupted: its job, and
+// whether this thread submitted it (then it polls for the interrupt).
+struct CurrentTask {
+    Job* job = nullptr;
+    bool by_caller = false;
+};
+thread_local CurrentTask t_current;
+
 struct Job {
     const std::function<void(int64_t)>* task = nullptr;
     int64_t n = 0;
@@ -38,18 +48,31 @@ struct Job {
 
     bool stopping() const { return cancelled.load(std::memory_order_relaxed) || all_calls_stopped(); }
 
-    // Claims and runs tasks until none is left to claim. The submitting
-    // thread (by_caller) also polls for an interrupt before each of its tasks.
+    // True when the call should stop; the submitting thread (by_caller)
+    // polls for an interrupt first. Called with no lock held: the poll runs
+    // Python's signal handlers, which may call in again (set_num_threads
+    // joins the workers, which then need this job's lock to finish).
+    bool check(bool by_caller) {
+        if (by_caller && interrupt_requested()) cancelled.store(true);
+        return stopping();
+    }
+
+    // Claims and runs tasks until none is left to claim, checking before
+    // each; a task checks between its blocks of work too (stop_if_interrupted).
     void work(bool by_caller) {
+        const CurrentTask outer = t_current;
         for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
-            if (by_caller && interrupt_requested()) cancelled.store(true);
-            if (!stopping()) {
+            if (!check(by_caller)) {
+                t_current = {this, by_caller};
                 try {
                     (*task)(i);
+                } catch (const Interrupted&) {
+                    cancelled.store(true);
                 } catch (...) {
                     std::lock_guard<std::mutex> lk(m);
                     if (!error) error = std::current_exception();
                 }
+                t_current = outer;
             }
             if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
                 std::lock_guard<std::mutex> lk(m);
@@ -134,10 +157,13 @@ public:
         while (job->done.load(std::memory_order_acquire) != n &&
                std::chrono::steady_clock::now() < until)
             cpu_relax();
-        {
-            std::unique_lock<std::mutex> lk(job->m);
-            while (!job->finished.wait_for(lk, kWaitSlice, [&] { return job->done.load() == n; }))
-                if (interrupt_requested()) job->cancelled.store(true);
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> lk(job->m);
+                if (job->finished.wait_for(lk, kWaitSlice, [&] { return job->done.load() == n; }))
+                    break;
+            }
+            job->check(true);  // without the lock: the poll may call in again
         }
         retire(job);
         if (job->stopping()) throw Interrupted();
@@ -274,6 +300,12 @@ void set_num_threads(int n) {
 }
 
 int num_threads() { return pool().threads(); }
+
+void stop_if_interrupted() {
+    const CurrentTask current = t_current;
+    if (!current.job) return throw_if_interrupted();  // not inside a pool task
+    if (current.job->check(current.by_caller)) throw Interrupted();
+}
 
 void parallel_for(int64_t n, const std::function<void(int64_t)>& task) { pool().run(n, task); }
 

@@ -4,6 +4,7 @@
 // Every nil, NSError and command-buffer status becomes a std::runtime_error
 // carrying Metal's own message and error code.
 #import <Foundation/Foundation.h>
+#import <IOKit/IOKitLib.h>
 #import <Metal/Metal.h>
 
 #include "metal/device.h"
@@ -128,6 +129,26 @@ std::string describe_command_buffer_error(id<MTLCommandBuffer> commands) {
 
 MTLSize size_of(const Dim3& d) { return MTLSizeMake(d.x, d.y, d.z); }
 
+// The GPU core count the system reports: "gpu-core-count" of the device's
+// IORegistry entry (the AGXAccelerator service; searched up its parents), 0
+// when it has none.
+int registry_gpu_cores(id<MTLDevice> device) {
+    io_service_t service =
+        IOServiceGetMatchingService(kIOMainPortDefault, IORegistryEntryIDMatching(device.registryID));
+    if (service == IO_OBJECT_NULL) return 0;
+    int cores = 0;
+    CFTypeRef value = IORegistryEntrySearchCFProperty(
+        service, kIOServicePlane, CFSTR("gpu-core-count"), kCFAllocatorDefault,
+        kIORegistryIterateRecursively | kIORegistryIterateParents);
+    if (value) {
+        if (CFGetTypeID(value) == CFNumberGetTypeID())
+            CFNumberGetValue(static_cast<CFNumberRef>(value), kCFNumberIntType, &cores);
+        CFRelease(value);
+    }
+    IOObjectRelease(service);
+    return cores;
+}
+
 }  // namespace
 
 std::vector<std::string> metallib_candidates() {
@@ -156,7 +177,12 @@ std::unique_ptr<Device> Device::create_default() {
         if (!queue) throw std::runtime_error("metal: could not create a command queue on " +
                                              std::string(device.name.UTF8String));
         id<MTLLibrary> library = load_library(device);
-        return std::unique_ptr<Device>(new Device(device, queue, library));
+        // The GPU's class and core count, as the plan sizes split-KV decode
+        // for it (core/gpu_info.h).
+        const std::string architecture =
+            device.architecture.name ? std::string(device.architecture.name.UTF8String) : "";
+        const GpuInfo gpu = gpu_info_from(registry_gpu_cores(device), architecture);
+        return std::unique_ptr<Device>(new Device(device, queue, library, architecture, gpu));
     }
 }
 

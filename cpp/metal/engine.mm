@@ -68,7 +68,8 @@ public:
     // (tests run them under metal-sim); the device encodes the plan and waits.
     void forward(const FlashParams& p, const ForwardIO& io) override {
         with_autorelease_pool([&] {
-            record(run_staged_forward(*pool_, p, io, [&](const Plan& plan, const Call& call) {
+            record(run_staged_forward(*pool_, p, io, device_->gpu(),
+                                      [&](const Plan& plan, const Call& call) {
                 device_->execute(plan, call);
             }));
         });

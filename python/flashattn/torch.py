@@ -42,7 +42,7 @@ from ._wrappers import require as _require
 
 torch = _require("torch", "torch", "flashattn.torch")
 
-from ._torch_ring import ring_attention  # noqa: E402  issue 18: over MPI, flashattn.distributed
+from .distributed._torch import ring_attention  # noqa: E402  issue 18: over MPI
 
 __all__ = ["attention", "attention_varlen", "scaled_dot_product_attention", "ring_attention"]
 

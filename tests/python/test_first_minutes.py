@@ -53,3 +53,24 @@ def test_cu_seqlens_from_np_cumsum_are_taken_when_they_fit_int32():
     with pytest.raises(ValueError, match=r"cu_seqlens_q must fit int32, got values from 0 to "
                                          r"2147483664"):
         fa.attention_varlen(q, k, v, cu + np.array([0, 0, 0, 2**31]), cu)
+
+
+@pytest.mark.parametrize("module,framework,extra", [
+    ("flashattn.torch", "torch", "torch"), ("flashattn.jax", "jax", "jax"),
+    ("flashattn.mlx", "mlx", "mlx")])
+def test_a_wrapper_without_its_framework_says_which_extra_to_install(module, framework, extra):
+    out = _run(f"import sys; sys.modules[{framework!r}] = None\nimport {module}")
+    assert out.returncode == 1
+    assert (f"ModuleNotFoundError: {module} needs {framework}, which is not installed: "
+            f"pip install 'flashattn[{extra}]'") in out.stderr
+
+
+def test_the_ring_command_without_mpi4py_says_how_to_install_it_in_one_line():
+    out = _run("import sys, runpy; sys.modules['mpi4py'] = None; sys.argv = ['x', 'demo']\n"
+               "runpy.run_module('flashattn.distributed', run_name='__main__')")
+    assert out.returncode == 1
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("python -m flashattn.distributed: flashattn.distributed needs "
+                               "mpi4py and an MPI library: pip install 'flashattn[mpi]'")

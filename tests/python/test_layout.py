@@ -1,51 +1,141 @@
-"""layout="bhtd" (torch's and MLX's (B, H, T, D)) in the NumPy API: the same
-numbers as "bthd" on the transposed arrays, read in place, o and the
-gradients returned in the caller's layout; any other layout is a ValueError."""
+"""The package layout (issue 31): the import graph of flashattn's own
+modules, read from their source, every import counted (also those inside
+functions), has no cycle; ``import flashattn`` loads neither the command
+line (flashattn.cli) nor ring attention (flashattn.distributed); the public
+names of the top level are there."""
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
+import ast
+import os
+import subprocess
+import sys
 
 import flashattn as fa
 
-
-def _bhtd(x):
-    return np.ascontiguousarray(x.swapaxes(1, 2))
+PACKAGE = os.path.dirname(fa.__file__)
 
 
-def test_bhtd_gives_the_bthd_results_transposed(backend, monkeypatch):
-    import flashattn._api as api
-
-    rng = np.random.default_rng(7)
-    q = rng.standard_normal((2, 13, 6, 24), dtype=np.float32)
-    k, v = (rng.standard_normal((2, 29, 2, 24), dtype=np.float32) for _ in range(2))
-    do = rng.standard_normal(q.shape, dtype=np.float32)
-    mask = rng.random((1, 6, 13, 29)) > 0.3
-    sinks = rng.standard_normal(6).astype(np.float32)
-    opts = dict(causal=True, window=(9, 0), softcap=3.0, mask=mask, sinks=sinks, backend=backend)
-    o, lse = fa.attention(q, k, v, return_lse=True, **opts)
-    grads = fa.attention_backward(do, q, k, v, o, lse, **opts)
-
-    def no_copy(x):
-        raise AssertionError(f"an input of shape {x.shape}, strides {x.strides} was copied")
-
-    monkeypatch.setattr(api, "_contiguous_copy", no_copy)
-    qt, kt, vt, dot = (_bhtd(x) for x in (q, k, v, do))
-    o_t, lse_t = fa.attention(qt, kt, vt, return_lse=True, layout="bhtd", **opts)
-    assert o_t.shape == qt.shape
-    np.testing.assert_array_equal(o_t, _bhtd(o))
-    np.testing.assert_array_equal(lse_t, lse)
-    grads_t = fa.attention_backward(dot, qt, kt, vt, o_t, lse_t, layout="bhtd", **opts)
-    for g_t, g, like in zip(grads_t, grads, (qt, kt, vt, sinks)):
-        assert g_t.shape == like.shape
-        np.testing.assert_array_equal(g_t, _bhtd(g) if g.ndim == 4 else g)
+def _modules(root: str) -> dict:
+    """{dotted name: path} of every module under the package ``root``: the
+    .py files, and the compiled extension (_core), whose path is None."""
+    found = {}
+    top = os.path.basename(root)
+    for folder, _, files in os.walk(root):
+        rel = os.path.relpath(folder, os.path.dirname(root)).split(os.sep)
+        for name in files:
+            if name.endswith(".py"):
+                parts = rel + ([] if name == "__init__.py" else [name[:-3]])
+                found[".".join(parts)] = os.path.join(folder, name)
+            elif name.endswith((".so", ".pyd")):
+                found.setdefault(".".join(rel + [name.split(".")[0]]), None)
+    assert top in found, f"no {top}/__init__.py under {root}"
+    return found
 
 
-def test_an_unknown_layout_is_a_value_error():
-    q = np.zeros((1, 4, 2, 8), np.float32)
-    with pytest.raises(ValueError, match=r"^attention: layout must be one of \('bthd', 'bhtd'\), "
-                                         r"got 'bsnd'"):
-        fa.attention(q, q, q, layout="bsnd")
-    with pytest.raises(ValueError, match=r"^attention_backward: layout must be one of"):
-        fa.attention_backward(q, q, q, q, q, np.zeros((1, 2, 4), np.float32), layout=None)
+def import_graph(root: str) -> dict:
+    """{module: set of the package's modules it imports}. ``from P import x``
+    is an edge to P.x when that is a module, else to P; a submodule's
+    implicit import of its parent package is not an edge (a package that
+    imports its own submodules is no cycle)."""
+    modules = _modules(root)
+    graph = {}
+    for name, path in modules.items():
+        if path is None:
+            continue
+        package = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+        edges = set()
+        with open(path, encoding="utf-8") as f:
+            tree = ast.parse(f.read(), path)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                edges.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = package.split(".")
+                    base = base[:len(base) - (node.level - 1)]
+                    target = ".".join(base + ([node.module] if node.module else []))
+                else:
+                    target = node.module or ""
+                for alias in node.names:
+                    sub = f"{target}.{alias.name}"
+                    edges.add(sub if sub in modules else target)
+        graph[name] = {e for e in edges if e in modules and e != name}
+    return graph
+
+
+def cycles(graph: dict) -> list:
+    """Every strongly connected component of more than one module (Tarjan)."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_cycle(tmp_path):
+    # The check below can fail: two modules that import each other (one of
+    # them inside a function, as the old _bench <-> _bench_dtype did).
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from . import a\n")
+    (pkg / "a.py").write_text("from .sub import b\n")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from .. import a\n")
+    graph = import_graph(str(pkg))
+    assert graph["pkg.a"] == {"pkg.sub.b"} and graph["pkg.sub.b"] == {"pkg.a"}
+    assert cycles(graph) == [["pkg.a", "pkg.sub.b"]]
+
+
+def test_flashattn_has_no_import_cycle():
+    graph = import_graph(PACKAGE)
+    assert {"flashattn", "flashattn.cli.bench.cpu", "flashattn.distributed._ring"} <= set(graph)
+    assert cycles(graph) == []
+
+
+def test_the_top_level_does_not_reach_into_the_command_line():
+    # The API layer stands alone: of the top-level modules only __main__
+    # (the command line's door) imports flashattn.cli.
+    graph = import_graph(PACKAGE)
+    for name, edges in graph.items():
+        if name.count(".") == 1 and name != "flashattn.__main__":
+            assert not any(e.startswith("flashattn.cli") for e in edges), (name, edges)
+
+
+def test_import_flashattn_loads_neither_cli_nor_distributed():
+    code = ("import sys, flashattn\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('flashattn.cli', "
+            "'flashattn.distributed'))))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "[]"
+
+
+def test_the_public_names_are_at_the_top():
+    for name in ("attention", "attention_backward", "attention_varlen",
+                 "attention_varlen_backward", "merge_states", "backends", "reference",
+                 "set_num_threads", "get_num_threads", "cpu_isa", "cpu_isas", "empty",
+                 "asarray", "clear_cache", "set_cache_limit", "metal_pool_stats"):
+        assert hasattr(fa, name), name

@@ -1,27 +1,25 @@
 """The sections of `python -m flashattn bench` that hold the cpu engine to
-the machine's limits (issue 14), each measured beside torch SDPA and beside
+the machine's limits, each measured beside torch SDPA and beside
 the limit itself (read bandwidth or FMA peak) in the same run:
 
 - decode: Tq in {1, 4} against Tk in {8192, 65536} keys, B in {1, 8},
   H = 32, Hkv = 8, D = 128, in float32 and bfloat16 (torch in the same
   dtype): GB/s of K and V read, against the read bandwidth measured
-  between the cases (goal: >= 70 %);
+  between the cases;
 - long-T: full attention, B = 1, H = 1, D = 64, T = 4096, 16384, 65536:
-  GFLOP/s forward and forward + backward (goal: T >= 16384 within 10 % of
-  T = 4096);
+  GFLOP/s forward and forward + backward, against T = 4096;
 - gqa-bwd: the backward at T = 4096, D in {64, 128}, causal and full, with
-  Hkv = 2 against Hkv = 8 (H = 8, the same FLOPs; goal: within 5 %);
+  Hkv = 2 against Hkv = 8 (H = 8, the same FLOPs);
 - small: T <= 512, and B = 8 with T = 256, at D = 32 and 64: % of FMA peak
-  forward and forward + backward (goal: >= 45 %), and the thread pool's
-  wake-up cost.
+  forward and forward + backward, and the thread pool's wake-up cost.
 
 Contenders are interleaved and the minimum of the runs is compared."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
+
+from .output import Column, Table, ms_runs
 
 DECODE = [(dtype, B, Tk, Tq) for dtype in ("fp32", "bf16") for B in (1, 8)
           for Tk in (8192, 65536) for Tq in (1, 4)]
@@ -34,7 +32,7 @@ CASES = {"decode": DECODE, "long-t": LONG_TS, "gqa-bwd": GQA_CASES, "small": SMA
 
 
 def read_bandwidth(threads):
-    from . import _core
+    from ... import _core
 
     return max(_core._cpu_read_bandwidth(0.25, threads) for _ in range(2))
 
@@ -95,30 +93,32 @@ def run_decode(args, torch, progress, interleaved):
     return rows
 
 
-def print_decode(rows):
+def decode_table(rows):
     H, Hkv, D = DECODE_HEADS
-    print(f"\ndecode, cpu engine: H={H}, Hkv={Hkv}, D={D}; GB/s of K and V read "
-          "(min of the runs; torch in the same dtype), against the read bandwidth measured "
-          "after each case")
-    head = (f"{'dtype':<5} {'B':>2} {'Tk':>6} {'Tq':>3} {'ours ms':>9} {'GB/s':>6} {'torch ms':>9} "
-            f"{'GB/s':>6} {'vs torch':>8} {'bandwidth':>9} {'ours/bw':>7}")
-    print(head)
-    print("-" * len(head))
-    worst = math.inf
+    table = Table("decode", f"decode, cpu engine: H={H}, Hkv={Hkv}, D={D}; GB/s of K and V read "
+                  "(min of the runs; torch in the same dtype), against the read bandwidth "
+                  "measured after each case",
+                  [Column("dtype", "dtype"), Column("B", "B", "d"), Column("Tk", "Tk", "d"),
+                   Column("Tq", "Tq", "d"), Column("ours_ms", "ours ms", ".2f"),
+                   Column("ours_gbs", "GB/s", ".1f"), Column("torch_ms", "torch ms", ".2f"),
+                   Column("torch_gbs", "GB/s", ".1f"), Column("speedup", "vs torch", "x"),
+                   Column("bandwidth_gbs", "read bandwidth GB/s", ".1f"),
+                   Column("share", "ours / bandwidth", "%")])
+    shares = []
     for (dtype, B, Tk, Tq), nbytes, times, bw in rows:
         ours = min(times["ours"])
-        line = f"{dtype:<5} {B:>2} {Tk:>6} {Tq:>3} {ours * 1e3:9.2f} {nbytes / ours / 1e9:6.1f}"
+        row = {"dtype": dtype, "B": B, "Tk": Tk, "Tq": Tq, "ours_ms": ours * 1e3,
+               "ours_gbs": nbytes / ours / 1e9, "bandwidth_gbs": bw,
+               "share": nbytes / ours / 1e9 / bw, "bytes": nbytes, "ours_runs_ms": ms_runs(times["ours"])}
         if "torch" in times:
             th = min(times["torch"])
-            line += f" {th * 1e3:9.2f} {nbytes / th / 1e9:6.1f} {th / ours:7.2f}x"
-        else:
-            line += f" {'-':>9} {'-':>6} {'-':>8}"
-        share = nbytes / ours / 1e9 / bw
-        worst = min(worst, share)
-        line += f" {bw:7.1f} GB/s {100 * share:5.1f}%"
-        print(line)
-    verdict = "met" if worst >= 0.70 else "NOT met"
-    print(f"lowest share of the read bandwidth: {100 * worst:.1f}% (goal >= 70%: {verdict})")
+            row.update(torch_ms=th * 1e3, torch_gbs=nbytes / th / 1e9, speedup=th / ours,
+                       torch_runs_ms=ms_runs(times["torch"]))
+        shares.append(row["share"])
+        table.add(row)
+    table.note(f"lowest share of the read bandwidth: {100 * min(shares):.1f}%",
+               lowest_share=min(shares))
+    return table
 
 
 def run_long_t(args, torch, progress, interleaved, Problem):
@@ -135,32 +135,35 @@ def run_long_t(args, torch, progress, interleaved, Problem):
     return rows
 
 
-def print_long_t(rows, forward_flops, peak):
-    print("\nlong T, cpu engine: B=1, H=1, D=64, full attention; GFLOP/s of visible work "
-          f"(min of the runs), % of the FMA peak {peak:.0f} GFLOP/s")
-    head = (f"{'T':>6} {'pass':<8} {'ours GFLOP/s':>12} {'%peak':>6} {'vs T=4096':>9} "
-            f"{'torch GFLOP/s':>13} {'vs torch':>8}")
-    print(head)
-    print("-" * len(head))
+def long_t_table(rows, forward_flops, peak):
+    table = Table("long-t", "long T, cpu engine: B=1, H=1, D=64, full attention; GFLOP/s of "
+                  f"visible work (min of the runs), % of the FMA peak {peak:.0f} GFLOP/s",
+                  [Column("T", "T", "d"), Column("pass", "pass"),
+                   Column("ours_gflops", "ours GFLOP/s", ".1f"), Column("ours_peak", "% peak", "%"),
+                   Column("vs_first", f"vs T={LONG_TS[0]}", "x"),
+                   Column("torch_gflops", "torch GFLOP/s", ".1f"),
+                   Column("speedup", "vs torch", "x")])
     base = {}
-    worst = math.inf
+    kept = []
     for T, times in rows:
         fl = forward_flops(1, T, T, 1, 64, False)
         for kind, mult in (("fwd", 1.0), ("fwd+bwd", 3.5)):
-            rate = mult * fl / min(times[f"ours {kind}"]) / 1e9
+            ours = times[f"ours {kind}"]
+            rate = mult * fl / min(ours) / 1e9
             base.setdefault(kind, rate)
-            rel = rate / base[kind]
+            row = {"T": T, "pass": kind, "ours_gflops": rate, "ours_peak": rate / peak,
+                   "vs_first": rate / base[kind], "ours_runs_ms": ms_runs(ours)}
             if T > LONG_TS[0]:
-                worst = min(worst, rel)
-            line = f"{T:>6} {kind:<8} {rate:12.1f} {100 * rate / peak:5.1f}% {rel:8.2f}x"
+                kept.append(rate / base[kind])
             if f"torch {kind}" in times:
-                trate = mult * fl / min(times[f"torch {kind}"]) / 1e9
-                line += f" {trate:13.1f} {rate / trate:7.2f}x"
-            else:
-                line += f" {'(skipped)':>13} {'-':>8}"
-            print(line)
-    verdict = "met" if worst >= 0.90 else "NOT met"
-    print(f"lowest throughput against T={LONG_TS[0]}: {worst:.2f}x (goal >= 0.90x: {verdict})")
+                th = times[f"torch {kind}"]
+                trate = mult * fl / min(th) / 1e9
+                row.update(torch_gflops=trate, speedup=rate / trate, torch_runs_ms=ms_runs(th))
+            table.add(row)
+    if kept:
+        table.note(f"lowest throughput against T={LONG_TS[0]}: {min(kept):.2f}x",
+                   lowest_vs_first=min(kept))
+    return table
 
 
 def run_gqa_backward(args, torch, progress, interleaved, Problem):
@@ -180,31 +183,36 @@ def run_gqa_backward(args, torch, progress, interleaved, Problem):
     return rows
 
 
-def print_gqa_backward(rows, forward_flops, peak):
-    print("\nGQA backward, cpu engine: B=1, T=4096, H=8, Hkv=2 against Hkv=8 (the same FLOPs); "
-          "backward GFLOP/s (2.5x forward FLOPs), min of the runs")
-    head = (f"{'D':>4} {'mask':<7} {'MHA GFLOP/s':>11} {'GQA GFLOP/s':>11} {'GQA/MHA':>7} "
-            f"{'torch f+b MHA':>13} {'GQA':>7}")
-    print(head)
-    print("-" * len(head))
-    worst = math.inf
+def gqa_backward_table(rows, forward_flops, peak):
+    table = Table("gqa-bwd", "GQA backward, cpu engine: B=1, T=4096, H=8, Hkv=2 against Hkv=8 (the "
+                  "same FLOPs); backward GFLOP/s (2.5x forward FLOPs), min of the runs; "
+                  "torch: forward + backward GFLOP/s",
+                  [Column("D", "D", "d"), Column("mask", "mask"),
+                   Column("mha_gflops", "MHA GFLOP/s", ".1f"),
+                   Column("gqa_gflops", "GQA GFLOP/s", ".1f"), Column("gqa_vs_mha", "GQA/MHA", ".2f"),
+                   Column("mha_peak", "MHA % peak", "%"),
+                   Column("torch_mha_gflops", "torch MHA GFLOP/s", ".1f"),
+                   Column("torch_gqa_gflops", "torch GQA GFLOP/s", ".1f")])
+    ratios = []
     for (D, causal), times in rows:
         fl = 2.5 * forward_flops(1, 4096, 4096, 8, D, causal)
         mha = fl / min(times["ours bwd Hkv=8"]) / 1e9
         gqa = fl / min(times["ours bwd Hkv=2"]) / 1e9
-        worst = min(worst, gqa / mha)
-        line = f"{D:>4} {'causal' if causal else 'full':<7} {mha:11.1f} {gqa:11.1f} {gqa / mha:7.2f}"
+        ratios.append(gqa / mha)
+        row = {"D": D, "mask": "causal" if causal else "full", "mha_gflops": mha,
+               "gqa_gflops": gqa, "gqa_vs_mha": gqa / mha, "mha_peak": mha / peak,
+               "runs_ms": {name: ms_runs(ts) for name, ts in times.items()}}
         if "torch fwd+bwd Hkv=8" in times:
             f35 = 3.5 * fl / 2.5
-            line += (f" {f35 / min(times['torch fwd+bwd Hkv=8']) / 1e9:13.1f}"
-                     f" {f35 / min(times['torch fwd+bwd Hkv=2']) / 1e9:7.1f}")
-        print(line)
-    print(f"(FMA peak {peak:.0f} GFLOP/s) lowest GQA/MHA: {worst:.2f} "
-          f"(goal >= 0.95: {'met' if worst >= 0.95 else 'NOT met'})")
+            row.update(torch_mha_gflops=f35 / min(times["torch fwd+bwd Hkv=8"]) / 1e9,
+                       torch_gqa_gflops=f35 / min(times["torch fwd+bwd Hkv=2"]) / 1e9)
+        table.add(row)
+    table.note(f"lowest GQA/MHA: {min(ratios):.2f}", lowest_gqa_vs_mha=min(ratios))
+    return table
 
 
 def run_small(args, torch, progress, interleaved, Problem):
-    from . import _core
+    from ... import _core
 
     rows = []
     for B, T, D in SMALL:
@@ -220,27 +228,29 @@ def run_small(args, torch, progress, interleaved, Problem):
     return rows, wake
 
 
-def print_small(result, forward_flops, peak):
+def small_table(result, forward_flops, peak):
     rows, wake = result
-    print(f"\nsmall shapes, cpu engine: H={SMALL_H}, full attention; % of the FMA peak "
-          f"{peak:.0f} GFLOP/s (min of the runs)")
-    head = (f"{'B':>2} {'T':>4} {'D':>3} {'pass':<8} {'ours ms':>8} {'%peak':>6} {'torch ms':>8} "
-            f"{'%peak':>6} {'vs torch':>8}")
-    print(head)
-    print("-" * len(head))
-    worst = math.inf
+    table = Table("small", f"small shapes, cpu engine: H={SMALL_H}, full attention; % of the FMA "
+                  f"peak {peak:.0f} GFLOP/s (min of the runs)",
+                  [Column("B", "B", "d"), Column("T", "T", "d"), Column("D", "D", "d"),
+                   Column("pass", "pass"), Column("ours_ms", "ours ms", ".3f"),
+                   Column("ours_peak", "% peak", "%"), Column("torch_ms", "torch ms", ".3f"),
+                   Column("torch_peak", "% peak", "%"), Column("speedup", "vs torch", "x")])
+    shares = []
     for (B, T, D), times in rows:
         fl = forward_flops(B, T, T, SMALL_H, D, False)
         for kind, mult in (("fwd", 1.0), ("fwd+bwd", 3.5)):
             ours = min(times[f"ours {kind}"])
-            share = mult * fl / ours / 1e9 / peak
-            worst = min(worst, share)
-            line = f"{B:>2} {T:>4} {D:>3} {kind:<8} {ours * 1e3:8.3f} {100 * share:5.1f}%"
+            row = {"B": B, "T": T, "D": D, "pass": kind, "ours_ms": ours * 1e3,
+                   "ours_peak": mult * fl / ours / 1e9 / peak,
+                   "ours_runs_ms": ms_runs(times[f"ours {kind}"])}
+            shares.append(row["ours_peak"])
             if f"torch {kind}" in times:
                 th = min(times[f"torch {kind}"])
-                line += f" {th * 1e3:8.3f} {100 * mult * fl / th / 1e9 / peak:5.1f}% {th / ours:7.2f}x"
-            print(line)
-    print(f"lowest share of the FMA peak: {100 * worst:.1f}% "
-          f"(goal >= 45%: {'met' if worst >= 0.45 else 'NOT met'})")
-    print(f"thread pool: a parallel_for of one 20 us task per thread takes {wake:.1f} us more "
-          "than 20 us (best of 5 x 2000 calls)")
+                row.update(torch_ms=th * 1e3, torch_peak=mult * fl / th / 1e9 / peak,
+                           speedup=th / ours, torch_runs_ms=ms_runs(times[f"torch {kind}"]))
+            table.add(row)
+    table.note(f"lowest share of the FMA peak: {100 * min(shares):.1f}%", lowest_share=min(shares))
+    table.note(f"thread pool: a parallel_for of one 20 us task per thread takes {wake:.1f} us "
+               "more than 20 us (best of 5 x 2000 calls)", pool_wakeup_us=wake)
+    return table

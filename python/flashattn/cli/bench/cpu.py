@@ -1,30 +1,36 @@
 """`python -m flashattn bench`: the cpu engine against PyTorch's
-``scaled_dot_product_attention`` on the CPU, in one process, interleaved.
+``scaled_dot_product_attention`` on the CPU, float32, in one process, the
+same thread count for both.
 
-For every shape, each engine runs forward, and forward + backward, once to
-warm up and then ``--repeat`` times (at least 5) in alternating order; the
-table shows the minimum (and the median) time, the GFLOP/s this gives, the
-share of an FMA peak measured in the same run, and the speedup (torch's
-minimum over ours). FLOPs: forward 4*B*H*Tq*Tk*D, halved for causal;
-backward 2.5x forward. torch's (B, H, T, D) copies are made before timing.
+Each engine runs every case once to warm up, then ``--repeat`` times (at
+least 5), the contenders interleaved in alternating order; tables show the
+minimum (and median) time, GFLOP/s, the share of an FMA peak measured in the
+same run, and speedups (torch's minimum over ours). FLOPs: forward
+4*B*H*Tq*Tk*D, halved for causal; backward 2.5x forward. The header names
+the machine: CPU model, cores, instruction-set extensions.
 
-Two more sections show what torch has no counterpart for: the cost of a
-sliding window against full causal attention at T = 16384, and the peak
-memory of a T = 65536 forward + backward (measured in a child process).
-Then the machine's limits (_bench_limits.py): decode against the read
-bandwidth, long T, the GQA backward against MHA, and small shapes against
-the FMA peak. ``bench options`` times the score options and varlen
-(_bench_options.py). ``--only decode,small`` runs some sections, ``--skip`` leaves
-some out. torch is optional (``pip install 'flashattn[bench]'``); without it only the
-cpu engine's own numbers are shown. ``--plot FILE.png`` saves throughput
-against T for both engines (needs matplotlib).
+Sections, in order (``--only`` and ``--skip`` take their names):
+  table    six training shapes, forward and forward + backward
+  window   sliding window (255, 0) against full causal at T = 16384
+  memory   peak memory of a T = 65536 forward + backward (a child process)
+  decode   one to four queries against a long KV cache, against the
+           read bandwidth measured in the run
+  long-t   T = 4096 to 65536
+  gqa-bwd  the GQA backward against MHA at the same FLOPs
+  small    T <= 512, against the FMA peak; the thread pool's wake-up cost
+
+torch is optional (``pip install 'flashattn[bench]'``); without it only our
+own figures are shown. ``--plot FILE.png`` draws throughput against T
+(matplotlib); ``--json FILE`` writes every figure and each run's time.
+Other benchmarks: ``bench --dtype bf16|fp16`` (half precision against
+torch in the same dtype), ``bench options`` (score options and varlen),
+``bench --backend metal`` (the metal engine against MLX, on a Mac).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
@@ -33,8 +39,9 @@ import time
 
 import numpy as np
 
-from . import _bench_limits as _limits
-from ._cli_args import positive_int
+from . import limits as _limits
+from ..args import positive_int
+from .output import Column, Progress, Report, Table, geomean, ms_runs, threads
 
 # (B, T, H, Hkv, D, causal): the shapes of the speed targets.
 SHAPES = [
@@ -48,41 +55,12 @@ SHAPES = [
 PLOT_TS = [256, 512, 1024, 2048, 4096]
 WINDOW_T, WINDOW = 16384, (255, 0)
 MEMORY_T = 65536
-# Every section, in the order they run (the last four: _bench_limits.py).
+# Every section, in the order they run (the last four: limits.py).
 SECTIONS = ("table", "window", "memory", "decode", "long-t", "gqa-bwd", "small")
 
 
 def forward_flops(B, Tq, Tk, H, D, causal):
     return 4.0 * B * H * Tq * Tk * D * (0.5 if causal else 1.0)
-
-
-class Progress:
-    """One status line on stderr, rewritten in place on a terminal."""
-
-    def __init__(self, total):
-        self.total, self.done = total, 0
-        self.tty = sys.stderr.isatty()
-
-    def step(self, what):
-        self.done += 1
-        line = f"[{self.done}/{self.total}] {what}"
-        if self.tty:
-            sys.stderr.write("\r\033[K" + line)
-        else:
-            sys.stderr.write(line + "\n")
-        sys.stderr.flush()
-
-    def note(self, what):
-        if self.tty:
-            sys.stderr.write("\r\033[K" + what)
-        else:
-            sys.stderr.write(what + "\n")
-        sys.stderr.flush()
-
-    def close(self):
-        if self.tty:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
 
 
 def _seconds(fn):
@@ -192,7 +170,7 @@ def import_torch(threads):
 
 
 def fma_peak(threads):
-    from . import _core
+    from ... import _core
 
     return max(_core._cpu_fma_peak(0.3, threads) for _ in range(2))
 
@@ -219,36 +197,40 @@ def run_table(args, torch, progress, peaks):
     return rows
 
 
-def print_table(rows, peak, have_torch):
-    print("\nmin of the interleaved runs (median in brackets); GFLOP/s and % of peak from the min")
-    head = f"{'B, T, H/Hkv, D, mask':<28} {'pass':<8} {'flashattn ms':>20} {'GFLOP/s':>8} {'%peak':>6}"
+def speed_table(rows, peak, have_torch, dtype="float32"):
+    cols = [Column("shape", "B, T, H/Hkv, D, mask"), Column("pass", "pass"),
+            Column("ours_ms", "flashattn ms", ".2f"), Column("ours_median_ms", "median", ".2f"),
+            Column("ours_gflops", "GFLOP/s", ".1f"), Column("ours_peak", "% peak", "%")]
     if have_torch:
-        head += f" {'torch ms':>20} {'GFLOP/s':>8} {'%peak':>6} {'speedup':>8}"
-    print(head)
-    print("-" * len(head))
+        cols += [Column("torch_ms", "torch ms", ".2f"), Column("torch_median_ms", "median", ".2f"),
+                 Column("torch_gflops", "GFLOP/s", ".1f"), Column("torch_peak", "% peak", "%"),
+                 Column("speedup", "speedup", "x")]
+    table = Table("table", f"{dtype}, cpu engine against torch SDPA: min of the interleaved runs "
+                  "and their median; GFLOP/s and % of the FMA peak from the min; speedup = "
+                  "torch's min / ours", cols)
     ratios = {"fwd": [], "fwd+bwd": []}
     for shape, fl, times in rows:
         for kind, mult in (("fwd", 1.0), ("fwd+bwd", 3.5)):
             ours = times[f"ours {kind}"]
-            line = (f"{shape_label(*shape):<28} {kind:<8} "
-                    f"{min(ours) * 1e3:9.2f} ({statistics.median(ours) * 1e3:8.2f})"
-                    f" {mult * fl / min(ours) / 1e9:8.1f} {100 * mult * fl / min(ours) / 1e9 / peak:5.1f}%")
+            rate = mult * fl / min(ours) / 1e9
+            row = {"shape": shape_label(*shape), "pass": kind, "ours_ms": min(ours) * 1e3,
+                   "ours_median_ms": statistics.median(ours) * 1e3, "ours_gflops": rate,
+                   "ours_peak": rate / peak, "ours_runs_ms": ms_runs(ours)}
             if have_torch:
                 th = times[f"torch {kind}"]
-                ratio = min(th) / min(ours)
-                ratios[kind].append(ratio)
-                line += (f" {min(th) * 1e3:9.2f} ({statistics.median(th) * 1e3:8.2f})"
-                         f" {mult * fl / min(th) / 1e9:8.1f} {100 * mult * fl / min(th) / 1e9 / peak:5.1f}%"
-                         f" {ratio:7.2f}x")
-            print(line)
+                trate = mult * fl / min(th) / 1e9
+                ratios[kind].append(min(th) / min(ours))
+                row.update(torch_ms=min(th) * 1e3, torch_median_ms=statistics.median(th) * 1e3,
+                           torch_gflops=trate, torch_peak=trate / peak, speedup=ratios[kind][-1],
+                           torch_runs_ms=ms_runs(th))
+            table.add(row)
     if have_torch:
-        print()
         for kind in ("fwd", "fwd+bwd"):
             r = ratios[kind]
-            geo = math.exp(sum(math.log(x) for x in r) / len(r))
-            verdict = "met" if geo >= 1.3 and min(r) >= 1.1 else "NOT met"
-            print(f"speedup over torch, {kind:<8}: geometric mean {geo:.2f}x, lowest {min(r):.2f}x"
-                  f"  (target: >= 1.3x mean, >= 1.1x each: {verdict})")
+            table.note(f"speedup over torch, {kind:<8}: geometric mean {geomean(r):.2f}x, "
+                       f"lowest {min(r):.2f}x", **{"pass": kind}, geomean=geomean(r),
+                       lowest=min(r))
+    return table
 
 
 def run_window(args, progress):
@@ -263,14 +245,18 @@ def run_window(args, progress):
     return times
 
 
-def print_window(times):
-    print(f"\nsliding window, cpu engine: B=1, T={WINDOW_T}, H=8, D=64, causal, "
-          f"window={WINDOW} against full causal (min of the runs)")
+def window_table(times):
+    table = Table("window", f"sliding window, cpu engine: B=1, T={WINDOW_T}, H=8, D=64, causal, "
+                  f"window={WINDOW} against full causal (min of the runs)",
+                  [Column("pass", "pass"), Column("full_ms", "full ms", ".1f"),
+                   Column("window_ms", "window ms", ".1f"),
+                   Column("speedup", "window speedup", "x")])
     for kind in ("fwd", "fwd+bwd"):
-        full, win = min(times[f"full {kind}"]), min(times[f"window {kind}"])
-        verdict = "met" if full / win >= 20 else "NOT met"
-        print(f"  {kind:<8} full {full * 1e3:10.1f} ms   window {win * 1e3:8.1f} ms   "
-              f"{full / win:6.1f}x faster  (target >= 20x: {verdict})")
+        full, win = times[f"full {kind}"], times[f"window {kind}"]
+        table.add({"pass": kind, "full_ms": min(full) * 1e3, "window_ms": min(win) * 1e3,
+                   "speedup": min(full) / min(win), "full_runs_ms": ms_runs(full),
+                   "window_runs_ms": ms_runs(win)})
+    return table
 
 
 def memory_child(T, threads):
@@ -337,27 +323,31 @@ def run_memory(args, progress, fwd_rate):
     eta = 3.5 * fl / fwd_rate if fwd_rate else float("nan")
     progress.step(f"memory at T={MEMORY_T} in a child process (about {eta:.0f} s)")
     cmd = [sys.executable, "-c",
-           "import sys, flashattn._bench as b; b.memory_child(int(sys.argv[1]), int(sys.argv[2]))",
+           "import sys, flashattn.cli.bench.cpu as b; b.memory_child(int(sys.argv[1]), int(sys.argv[2]))",
            str(MEMORY_T), str(args.threads)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
 
-def print_memory(m):
+def memory_table(m):
     MiB = 1024.0 * 1024.0
-    extra = m["peak"] - m["base"] - m["outputs"]
-    naive = 8 * MEMORY_T * MEMORY_T * 4
     fl = forward_flops(1, MEMORY_T, MEMORY_T, 8, 64, True)
-    verdict = "met" if extra < 200 * MiB else "NOT met"
-    print(f"\nmemory, cpu engine: B=1, T={MEMORY_T}, H=8, D=64, causal forward + backward "
-          f"(child process)")
-    print(f"  inputs {m['inputs'] / MiB:.0f} MiB, outputs {m['outputs'] / MiB:.0f} MiB; "
-          f"peak RSS beyond inputs and outputs: {extra / MiB:.1f} MiB "
-          f"(target < 200 MiB: {verdict}); a T x T score matrix would need "
-          f"{naive / 1024 ** 3:.0f} GiB")
-    print(f"  forward {m['forward_s']:.1f} s ({fl / m['forward_s'] / 1e9:.1f} GFLOP/s), "
-          f"backward {m['backward_s']:.1f} s ({2.5 * fl / m['backward_s'] / 1e9:.1f} GFLOP/s)"
-          + ("" if m["reset"] else "; peak from ru_maxrss (VmHWM could not be reset)"))
+    table = Table("memory", f"memory, cpu engine: B=1, T={MEMORY_T}, H=8, D=64, causal forward + "
+                  "backward in a child process; peak RSS beyond its inputs and outputs" +
+                  ("" if m["reset"] else " (from ru_maxrss: VmHWM could not be reset)"),
+                  [Column("inputs_mib", "inputs MiB", ".0f"),
+                   Column("outputs_mib", "outputs MiB", ".0f"),
+                   Column("extra_mib", "peak beyond them MiB", ".1f"),
+                   Column("scores_gib", "T x T scores GiB", ".0f"),
+                   Column("forward_s", "fwd s", ".1f"), Column("forward_gflops", "GFLOP/s", ".1f"),
+                   Column("backward_s", "bwd s", ".1f"),
+                   Column("backward_gflops", "GFLOP/s", ".1f")])
+    table.add({"inputs_mib": m["inputs"] / MiB, "outputs_mib": m["outputs"] / MiB,
+               "extra_mib": (m["peak"] - m["base"] - m["outputs"]) / MiB,
+               "scores_gib": 8 * MEMORY_T * MEMORY_T * 4 / 1024 ** 3,
+               "forward_s": m["forward_s"], "forward_gflops": fl / m["forward_s"] / 1e9,
+               "backward_s": m["backward_s"], "backward_gflops": 2.5 * fl / m["backward_s"] / 1e9})
+    return table
 
 
 def run_plot(args, torch, progress, path):
@@ -373,6 +363,22 @@ def run_plot(args, torch, progress, path):
         fl = forward_flops(1, T, T, 8, 64, True)
         for name, ts in times.items():
             results[name].append((3.5 if "bwd" in name else 1.0) * fl / min(ts) / 1e9)
+    draw_plot(results, args.threads, path)
+    return results
+
+
+def plot_table(results, path):
+    table = Table("plot", f"throughput against T (B=1, H=8, D=64, causal), GFLOP/s from the min; "
+                  f"plotted in {path}",
+                  [Column("T", "T", "d")] + [Column(name.replace(" ", "_"), f"{name} GFLOP/s", ".1f")
+                                             for name, rates in results.items() if rates])
+    for i, T in enumerate(PLOT_TS):
+        table.add(dict({"T": T}, **{name.replace(" ", "_"): rates[i]
+                                    for name, rates in results.items() if rates}))
+    return table
+
+
+def draw_plot(results, threads, path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -389,26 +395,13 @@ def run_plot(args, torch, progress, path):
         ax.grid(True, alpha=0.3)
         ax.legend()
     axes[0].set_ylabel("GFLOP/s")
-    fig.suptitle(f"float32, {args.threads} threads")
+    fig.suptitle(f"float32, {threads} threads")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    return results
 
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["options"]:  # the score options' cost and varlen (issue 16)
-        from . import _bench_options
-
-        return _bench_options.main(argv[1:])
-    if any(a == "--backend" or a.startswith("--backend=") for a in argv):
-        from . import _bench_metal  # the GPU engines' bench (metal against MLX)
-
-        return _bench_metal.main(argv)
-    if any(a == "--dtype" or a.startswith("--dtype=") for a in argv):
-        from . import _bench_dtype  # float16 / bfloat16 against torch in the same dtype
-
-        return _bench_dtype.main(argv)
     parser = argparse.ArgumentParser(prog="python -m flashattn bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=positive_int, default=None,
@@ -420,6 +413,8 @@ def main(argv=None) -> int:
                         + ", ".join(SECTIONS))
     parser.add_argument("--only", default="", help="comma list of the sections to run "
                         "(default: all)")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure, each run's "
+                        "time and the machine's description to FILE (JSON)")
     parser.add_argument("--long-t-torch", type=positive_int, default=16384, metavar="T",
                         help="longest T of the long-T section that torch also runs "
                         "(default 16384: at 65536 torch alone takes minutes)")
@@ -450,10 +445,8 @@ def main(argv=None) -> int:
     peaks = [fma_peak(args.threads)]
     rows = run_table(args, torch, progress, peaks) if "table" not in skip else []
     window = run_window(args, progress) if "window" not in skip else None
-    rate = None
-    if rows:
-        shape, fl, times = rows[2]
-        rate = fl / min(times["ours fwd"])
+    # The child's expected time, from the largest shape's forward rate.
+    rate = max((fl / min(times["ours fwd"]) for shape, fl, times in rows), default=None)
     memory = run_memory(args, progress, rate or 100e9) if "memory" not in skip else None
     plot = run_plot(args, torch, progress, args.plot) if args.plot else None
     decode = _limits.run_decode(args, torch, progress, interleaved) if "decode" not in skip else None
@@ -467,27 +460,33 @@ def main(argv=None) -> int:
     progress.close()
 
     peak = max(peaks)
-    print(f"flashattn {fa.__version__} cpu engine vs {torch_note}")
-    print(f"float32, {args.threads} threads, {args.repeat} timed runs per case after a warm-up, "
-          f"engines interleaved; cpu instruction set {fa.cpu_isa()}")
-    print(f"FMA peak measured in this run: {peak:.1f} GFLOP/s "
-          f"(best of {len(peaks)} measurements, lowest {min(peaks):.1f})")
+    report = Report("bench: the cpu engine against torch SDPA",
+                    {"dtype": "float32", "threads": args.threads, "repeat": args.repeat,
+                     "sections": [name for name in SECTIONS if name not in skip]})
+    report.line(f"competitor: {torch_note}", competitor=torch_note)
+    report.line(f"float32, {threads(args.threads)}, {args.repeat} timed runs per case after a "
+                "warm-up, engines interleaved")
+    report.line(f"FMA peak measured in this run: {peak:.1f} GFLOP/s (best of {len(peaks)} "
+                f"measurements, lowest {min(peaks):.1f})", fma_peak_gflops=peak,
+                fma_peak_measurements_gflops=peaks)
     if rows:
-        print_table(rows, peak, torch is not None)
+        report.add(speed_table(rows, peak, torch is not None))
     if window:
-        print_window(window)
+        report.add(window_table(window))
     if memory:
-        print_memory(memory)
+        report.add(memory_table(memory))
     if plot:
-        print(f"\nplot saved to {args.plot}")
+        report.add(plot_table(plot, args.plot))
     if decode:
-        _limits.print_decode(decode)
+        report.add(_limits.decode_table(decode))
     if long_t:
-        _limits.print_long_t(long_t, forward_flops, peak)
+        report.add(_limits.long_t_table(long_t, forward_flops, peak))
     if gqa:
-        _limits.print_gqa_backward(gqa, forward_flops, peak)
+        report.add(_limits.gqa_backward_table(gqa, forward_flops, peak))
     if small:
-        _limits.print_small(small, forward_flops, peak)
+        report.add(_limits.small_table(small, forward_flops, peak))
+    report.print()
+    report.write_json(args.json)
     return 0
 
 

@@ -1,6 +1,7 @@
 """`python -m flashattn info`: what this installation is and what it runs on
--- versions, platform, engines, and the cpu engine's instruction-set path
-(the one in use, the ones this CPU supports, the ones built in)."""
+-- versions, platform, the CPU (model, cores, extensions), engines, and the
+cpu engine's instruction-set path (the one in use, the ones this CPU
+supports, the ones built in)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import os
 import platform
 import sys
 from typing import List, Optional
+
+from . import machine
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -23,6 +26,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"flashattn {fa.__version__} at {os.path.dirname(fa.__file__)}")
     print(f"python {platform.python_version()}, numpy {np.__version__}, "
           f"{platform.system()} {platform.machine()}")
+    print(machine.summary(machine.describe()))
     print(f"engines, best first: {', '.join(fa.backends())}")
     print(f"cpu engine threads: {fa.get_num_threads()}")
     try:

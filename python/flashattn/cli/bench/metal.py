@@ -8,6 +8,7 @@ inside the timing. Every engine runs each shape once to warm up (pipeline
 creation, MLX's graph compilation) and then ``--repeat`` times (at least 5),
 interleaved, alternating the order every round; the table shows minima,
 GFLOP/s and the ratios MLX / metal and cpu / metal (> 1: metal is faster).
+``--json FILE`` writes every figure and each run's time.
 FLOPs as in the cpu bench: forward 4*B*H*Tq*Tk*D, halved for causal;
 backward 2.5x forward.
 
@@ -24,7 +25,8 @@ import sys
 
 import numpy as np
 
-from ._bench import Progress, forward_flops, interleaved
+from .cpu import forward_flops, interleaved
+from .output import Column, Progress, Report, Table, ms_runs
 
 # (B, Tq, Tk, H, Hkv, D, causal): training shapes, then decode against a KV cache.
 SHAPES = [
@@ -108,24 +110,32 @@ def run(shapes, repeat, gpu="metal", cpu="cpu", mx=None, progress=None):
     return rows
 
 
-def print_table(rows, have_mlx, out=sys.stdout):
-    cols = ["fwd", "fwd+bwd"]
-    head = "| B, Tq x Tk, H/Hkv, D, mask | pass | metal ms | GFLOP/s | cpu ms | cpu/metal |"
+def metal_table(rows, have_mlx):
+    cols = [Column("shape", "B, Tq x Tk, H/Hkv, D, mask"), Column("pass", "pass"),
+            Column("metal_ms", "metal ms", ".2f"), Column("metal_gflops", "GFLOP/s", ".0f"),
+            Column("cpu_ms", "cpu ms", ".2f"), Column("cpu_vs_metal", "cpu/metal", "x")]
     if have_mlx:
-        head += " mlx ms | mlx/metal |"
-    print(head, file=out)
-    print("|" + " --- |" * (head.count("|") - 1), file=out)
+        cols += [Column("mlx_ms", "mlx ms", ".2f"), Column("mlx_vs_metal", "mlx/metal", "x")]
+    table = Table("metal", "metal engine against the cpu engine and MLX: min of the interleaved "
+                  "runs; a ratio > 1 means metal is faster", cols)
     for label, fl, times in rows:
-        for c in cols:
+        for c in ("fwd", "fwd+bwd"):
             flops = fl * (3.5 if c == "fwd+bwd" else 1.0)
-            metal = min(times[f"metal {c}"])
-            cpu = min(times[f"cpu {c}"])
-            line = (f"| {label} | {c} | {metal * 1e3:.2f} | {flops / metal / 1e9:.0f} | "
-                    f"{cpu * 1e3:.2f} | {cpu / metal:.2f}x |")
+            metal, cpu = min(times[f"metal {c}"]), min(times[f"cpu {c}"])
+            row = {"shape": label, "pass": c, "metal_ms": metal * 1e3,
+                   "metal_gflops": flops / metal / 1e9, "cpu_ms": cpu * 1e3,
+                   "cpu_vs_metal": cpu / metal,
+                   "runs_ms": {name: ms_runs(ts) for name, ts in times.items()
+                               if name.endswith(f" {c}")}}
             if have_mlx:
                 mlx = min(times[f"mlx {c}"])
-                line += f" {mlx * 1e3:.2f} | {mlx / metal:.2f}x |"
-            print(line, file=out)
+                row.update(mlx_ms=mlx * 1e3, mlx_vs_metal=mlx / metal)
+            table.add(row)
+    return table
+
+
+def print_table(rows, have_mlx, out=sys.stdout):
+    metal_table(rows, have_mlx).print(out)
 
 
 def main(argv=None) -> int:
@@ -134,6 +144,8 @@ def main(argv=None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", choices=["metal"], default="metal")
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per case (>= 5)")
+    parser.add_argument("--json", metavar="FILE", help="also write every figure, each run's "
+                        "time and the machine's description to FILE (JSON)")
     args = parser.parse_args(argv)
     if args.repeat < 5:
         parser.error("--repeat must be at least 5")
@@ -154,9 +166,14 @@ def main(argv=None) -> int:
         note = "MLX not installed (pip install mlx): flashattn's engines only"
     rows = run(SHAPES, args.repeat, mx=mx)
     device = fa.metal_pool_stats().get("device", "?")
-    print(f"flashattn {fa.__version__} metal engine on {device} vs {note}, and the cpu engine "
-          f"({fa.get_num_threads()} threads)")
-    print(f"float32, {args.repeat} timed runs per case after a warm-up, engines interleaved, "
-          "minimum shown")
-    print_table(rows, mx is not None)
+    report = Report(f"bench --backend metal: the metal engine on {device} against MLX and the "
+                    "cpu engine", {"dtype": "float32", "repeat": args.repeat,
+                                   "threads": fa.get_num_threads(), "device": device})
+    report.line(f"competitor: {note}, and the cpu engine ({fa.get_num_threads()} threads)",
+                competitor=note)
+    report.line(f"float32, {args.repeat} timed runs per case after a warm-up, engines "
+                "interleaved, minimum shown")
+    report.add(metal_table(rows, mx is not None))
+    report.print()
+    report.write_json(args.json)
     return 0
