@@ -36,7 +36,8 @@ jnp = jax.numpy
 __all__ = ["attention", "attention_varlen", "dot_product_attention"]
 
 _FORWARD, _BACKWARD = "flashattn_attention_fwd", "flashattn_attention_bwd"
-_VARLEN_FORWARD, _VARLEN_BACKWARD = "flashattn_attention_varlen_fwd", "flashattn_attention_varlen_bwd"
+_VARLEN_FORWARD = "flashattn_attention_varlen_fwd"
+_VARLEN_BACKWARD = "flashattn_attention_varlen_bwd"
 
 
 def _register() -> None:

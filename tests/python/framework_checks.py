@@ -98,7 +98,8 @@ class Ops:
     def __init__(self, *, einsum, where, exp, log, tanh, maximum, repeat, max_last, sum_last,
                  constant):
         self.einsum, self.where, self.exp, self.log, self.tanh = einsum, where, exp, log, tanh
-        self.maximum, self.repeat, self.max_last, self.sum_last = maximum, repeat, max_last, sum_last
+        self.maximum, self.repeat = maximum, repeat
+        self.max_last, self.sum_last = max_last, sum_last
         self.constant = constant  # (numpy array, like) -> an array of like's dtype (bool kept)
 
 

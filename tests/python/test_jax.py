@@ -263,7 +263,10 @@ DPA_RUNS = ([(c, "f32") for c in DPA_CASES]
 @pytest.mark.parametrize("case,dt", DPA_RUNS, ids=[f"{c[0]}-{d}" for c, d in DPA_RUNS])
 def test_dot_product_attention_drop_in_matches_jax(case, dt):
     q, k, v, do, kwargs = _dpa_inputs(case, DTYPES[dt])
-    theirs_fn = lambda *a, **kw: jax.nn.dot_product_attention(*a, implementation="xla", **kw)  # noqa: E731
+
+    def theirs_fn(*a, **kw):
+        return jax.nn.dot_product_attention(*a, implementation="xla", **kw)
+
     ours = _dpa_run(faj.dot_product_attention, q, k, v, do, kwargs, DTYPES[dt])
     # jax's float16 dot_general precision fails to lower on the CPU under jit
     # (its fallback catches the error only when run eagerly).

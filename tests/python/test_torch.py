@@ -345,10 +345,12 @@ def test_errors_name_the_argument():
     with pytest.raises(ValueError, match=r"^flashattn.torch.attention: sinks must have shape "
                                          r"\(H,\) = \(2,\), got \(3,\)"):
         fat.attention(q, q, q, sinks=torch.zeros(3))
-    with pytest.raises(TypeError, match=r"^flashattn.torch.attention: alibi_slopes must be float32"):
+    with pytest.raises(TypeError, match=r"^flashattn.torch.attention: alibi_slopes must be "
+                                        r"float32"):
         fat.attention(q, q, q, alibi_slopes=torch.zeros(2, dtype=torch.float16))
-    with pytest.raises(ValueError, match=r"^flashattn.torch.attention: mask must be broadcastable "
-                                         r"to \(B, H, Tq, Tk\) = \(1, 2, 4, 4\), got shape \(3, 4\)"):
+    with pytest.raises(ValueError, match=r"^flashattn.torch.attention: mask must be "
+                                         r"broadcastable to \(B, H, Tq, Tk\) = \(1, 2, 4, 4\), "
+                                         r"got shape \(3, 4\)"):
         fat.attention(q, q, q, mask=torch.ones(3, 4, dtype=torch.bool))
 
 
