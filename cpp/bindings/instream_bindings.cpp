@@ -146,7 +146,8 @@ const sim::Kernel& instream_kernel(const std::string& key) {
 }
 
 // Runs a generated kernel text on metal-sim: `buffers` in its argument
-// order, each an array (bound in place) or bytes (a struct by value).
+// order, each an array (bound in place), an address (an int: a torch
+// tensor's data_ptr()) or bytes (a struct by value).
 void sim_instream_run(const std::string& key, nb::list buffers, std::tuple<uint32_t, uint32_t, uint32_t> grid,
                       std::tuple<uint32_t, uint32_t, uint32_t> group,
                       const std::vector<std::tuple<uint32_t, std::string, uint32_t>>& constants) {
@@ -159,6 +160,8 @@ void sim_instream_run(const std::string& key, nb::list buffers, std::tuple<uint3
             nb::bytes b = nb::borrow<nb::bytes>(item);
             values.emplace_back(b.c_str(), b.size());
             bindings.push_back({values.back().data(), true});
+        } else if (nb::isinstance<nb::int_>(item)) {
+            bindings.push_back({reinterpret_cast<void*>(nb::cast<uintptr_t>(item)), false});
         } else {
             nb::ndarray<nb::device::cpu> a = nb::cast<nb::ndarray<nb::device::cpu>>(item);
             bindings.push_back({a.data(), false});

@@ -530,20 +530,26 @@ def constants_block(constants) -> str:
 
 
 def text_key(text: str) -> str:
-    """A digest of a generated text without its constants block: metal-sim
-    compiles one text for every value of the function constants."""
+    """A digest of a generated text without what the function constants'
+    values change: the constants block and the values spelt in the kernel's
+    name (constants_suffix). metal-sim compiles one text for all of them."""
     import hashlib
 
     begin = text.find(CONSTANTS_BEGIN)
     if begin >= 0:
         end = text.index(CONSTANTS_END, begin) + len(CONSTANTS_END)
         text = text[:begin] + text[end:]
+    text = _NAMED_VALUES.sub(r"\1_fc", text)
     return hashlib.sha256(text.encode()).hexdigest()[:24]
 
 
 def constants_suffix(constants) -> str:
-    """The part of a kernel's name that spells its function-constant values."""
-    return "fc" + "_".join(str(bits) for _, _, bits in sorted(constants))
+    """The part of a kernel's name that spells its function-constant values
+    (MLX caches a compiled library by the kernel's name: one name, one source)."""
+    return "fc" + "_".join(str(int(bits)) for _, _, bits in sorted(constants))
+
+
+_NAMED_VALUES = re.compile(r"(flashattn_\w*?)_fc\d*(?:_\d+)*")
 
 
 # ---- The shader set.
