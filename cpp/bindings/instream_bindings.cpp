@@ -196,6 +196,11 @@ void bind_instream(nb::module_& m) {
           nb::arg("mask_bool") = false, nb::arg("sinks").none() = nb::none(),
           "A call's plan and schedule of pieces, as the metal engine makes them "
           "(core/call_plan.h); the arrays as (shape, strides in elements).");
+    m.def("_sim_kernel_names", [] {
+        std::vector<std::string> names;
+        for (const sim::Kernel& k : sim::kernels()) names.push_back(k.name);
+        return names;
+    }, "The kernels metal-sim compiled from shaders/*.metal, by host name.");
     m.def("_sim_instream_keys", [] {
         std::vector<std::string> keys;
         for (const sim::Kernel& k : sim::instream_kernels()) keys.push_back(k.name);

@@ -5,10 +5,16 @@
 
 ``attention`` is an ``mx.custom_function`` whose forward returns o and the
 log-sum-exp and whose vjp calls the fused backward, so ``mx.grad`` and
-``mx.value_and_grad`` work through it. The metal engine computes on a Mac
-(the default there), the cpu engine elsewhere; ``backend=`` picks one.
+``mx.value_and_grad`` work through it.
 
-Copies, every one of them:
+On a Mac whose MLX computes on the GPU (the default there), both run in
+MLX's own stream (``backend=None``; flashattn._instream, docs/metal.md): the
+kernels of the metal engine, compiled by ``mx.fast.metal_kernel`` from the
+shipped shaders, dispatched lazily on MLX's arrays, outputs allocated by
+MLX; nothing is copied to the host and nothing waits. That path works
+under ``mx.compile`` too.
+
+Elsewhere, or with ``backend=`` naming an engine, the host-copy path:
 
 - inputs (q, k, v, and in the vjp the cotangent and the saved o and lse)
   are read in place: an MLX array in host or unified memory is viewed by
@@ -18,8 +24,8 @@ Copies, every one of them:
 - outputs (o, lse, dq, dk, dv) are copied once each into new MLX arrays:
   ``mx.array`` cannot wrap memory it did not allocate.
 
-Nothing of size T² is made. Being a Python-level function, it is not for
-``mx.compile`` (which cannot trace into the engine).
+Nothing of size T² is made. The host-copy path reads arrays on the CPU, so
+it cannot run inside ``mx.compile``: it raises a RuntimeError saying so.
 """
 
 from __future__ import annotations
@@ -29,16 +35,37 @@ import mlx.core as mx
 from ._args import scale as _scale, window as _window
 from ._api import attention as _np_attention
 from ._api import attention_backward as _np_attention_backward
+from ._instream import mlx_stream as _instream
 
 __all__ = ["attention"]
 
 
+def _host_copy(fn: str, compute):
+    """compute() on the host-copy path; inside mx.compile, where MLX will not
+    hand arrays to the CPU, a RuntimeError that says why."""
+    try:
+        return compute()
+    except RuntimeError as e:
+        if "function transformations" not in str(e):
+            raise
+        raise RuntimeError(
+            f"{fn}: cannot run inside mx.compile (or mx.vmap) on the host-copy path, which "
+            "reads the arrays on the CPU; flashattn runs in MLX's stream, and so under "
+            "mx.compile, only on a Mac with MLX's GPU and backend=None (here: "
+            "call it outside the compiled function)") from e
+
+
 def _make(causal: bool, window: tuple[int, int], scale, backend):
-    options = dict(causal=causal, window=window, scale=scale, backend=backend)
+    options = dict(causal=causal, window=window, scale=scale)
+    fn = "flashattn.mlx.attention"
 
     @mx.custom_function
     def attend(q, k, v):
-        o, lse = _np_attention(q, k, v, return_lse=True, **options)
+        host = _instream.host() if backend is None else None
+        if host is not None:  # in MLX's stream (flashattn._instream)
+            return _instream.forward(host, q, k, v, **options)
+        o, lse = _host_copy(fn, lambda: _np_attention(q, k, v, return_lse=True,
+                                                      backend=backend, **options))
         return mx.array(o), mx.array(lse)
 
     @attend.vjp
@@ -46,7 +73,11 @@ def _make(causal: bool, window: tuple[int, int], scale, backend):
         q, k, v = primals
         do = cotangents[0]  # the lse cotangent is dropped: lse is not returned to users
         o, lse = outputs
-        grads = _np_attention_backward(do, q, k, v, o, lse, **options)
+        host = _instream.host() if backend is None else None
+        if host is not None:
+            return _instream.backward(host, do, q, k, v, o, lse, **options)
+        grads = _host_copy(fn, lambda: _np_attention_backward(do, q, k, v, o, lse,
+                                                              backend=backend, **options))
         return tuple(mx.array(g) for g in grads)
 
     return attend

@@ -16,11 +16,15 @@ Devices and copies:
   is contiguous; ``layout="bhtd"`` is a transposed view, not a copy); outputs
   are the engine's buffers, wrapped by ``torch.from_numpy``; the GIL is
   released while the engine runs.
-- MPS tensors (Mac): torch does not expose MPS storage to other libraries as
-  host memory, so each input is copied to the CPU once and each output back
-  to the MPS device once (O(B·T·H·D) per call, never O(T²)); the metal
-  engine (the default on a Mac) computes. Not tested here: there is no Mac
-  in this project's CI on Linux.
+- MPS tensors (Mac), where torch has ``torch.mps.compile_shader`` (2.6 and
+  later) and ``backend=None``: in torch's own MPS stream (flashattn._instream,
+  docs/metal.md): the metal engine's kernels, compiled by torch from the
+  shipped shaders, run on the tensors where they are, outputs allocated by
+  torch; nothing is copied to the host and nothing waits.
+- MPS tensors otherwise (an older torch, or ``backend=`` naming an engine):
+  torch does not expose MPS storage to other libraries as host memory, so
+  each input is copied to the CPU once and each output back to the MPS
+  device once (O(B·T·H·D) per call, never O(T²)); the engine computes.
 - float32 runs on the engines. float64 runs on ``flashattn.reference``
   (NumPy, float64): slow and exact, for ``torch.autograd.gradcheck``.
 """
@@ -35,6 +39,7 @@ from ._args import scale as _scale, window as _window
 from ._api import attention_backward as _np_attention_backward
 from ._api import backends as _backends
 from ._torch_ring import ring_attention  # issue 18: over MPI, flashattn.distributed
+from ._instream import torch_stream as _instream
 
 __all__ = ["attention", "ring_attention"]
 
@@ -58,6 +63,9 @@ def _attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
                   window_left: int, window_right: int, scale: Optional[float],
                   backend: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor]:
     window = (window_left, window_right)
+    host = _instream.host(q.device) if backend is None and q.dtype != torch.float64 else None
+    if host is not None:  # in torch's MPS stream (flashattn._instream)
+        return _instream.forward(host, q, k, v, causal=causal, window=window, scale=scale)
     hq, hk, hv = _host(q), _host(k), _host(v)
     if q.dtype == torch.float64:
         o, lse = reference.attention(hq.numpy(), hk.numpy(), hv.numpy(), causal=causal,
@@ -82,6 +90,10 @@ def _attention_backward_op(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                            backend: Optional[str]) -> Tuple[torch.Tensor, torch.Tensor,
                                                              torch.Tensor]:
     window = (window_left, window_right)
+    host = _instream.host(q.device) if backend is None and q.dtype != torch.float64 else None
+    if host is not None:
+        return _instream.backward(host, do, q, k, v, o, lse, causal=causal, window=window,
+                                  scale=scale)
     args = [_host(x) for x in (do, q, k, v, o, lse)]
     if q.dtype == torch.float64:
         grads = reference.attention_backward(*(a.numpy() for a in args), causal=causal,

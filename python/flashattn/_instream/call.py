@@ -6,6 +6,7 @@ of the score options as the core takes them."""
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,12 +82,19 @@ class Plan:
         raise ValueError(f"flashattn in-stream: no size known for slot {slot!r}")
 
 
-@functools.lru_cache(maxsize=4096)
-def plan(direction: str, dtype: str, q, k, v, do=None, o=None, lse=None, causal=False,
-         window_left=-1, window_right=-1, scale=None, softcap=0.0, alibi=None, mask=None,
-         mask_bool=False, sinks=None) -> Plan:
+def plan(direction: str, dtype: str, q, k, v, **options) -> Plan:
     """The metal engine's plan of a call whose arrays have these layouts
-    ((shape, strides in elements)); raises ValueError as the engines do."""
+    ((shape, strides in elements)); raises ValueError as the engines do.
+    Cached by the call (and FLASHATTN_MAX_GROUPS_PER_PIECE, which the
+    schedule reads)."""
+    return _plan(direction, dtype, q, k, v, os.environ.get("FLASHATTN_MAX_GROUPS_PER_PIECE"),
+                 **options)
+
+
+@functools.lru_cache(maxsize=4096)
+def _plan(direction: str, dtype: str, q, k, v, _pieces_knob, do=None, o=None, lse=None,
+          causal=False, window_left=-1, window_right=-1, scale=None, softcap=0.0, alibi=None,
+          mask=None, mask_bool=False, sinks=None) -> Plan:
     d = _core._plan_call(direction, dtype, q, k, v, do=do, o=o, lse=lse, causal=causal,
                          window_left=window_left, window_right=window_right, scale=scale,
                          softcap=softcap, alibi=alibi, mask=mask, mask_bool=mask_bool,

@@ -131,6 +131,23 @@ class Host:
         return slots
 
 
+# The host flashattn.mlx uses; tests set one over metal-sim's stand-in.
+HOST: Host | None = None
+
+
+def host() -> Host | None:
+    """The in-stream host for MLX's default stream: on a Mac whose MLX has
+    its Metal back end and computes on the GPU; else None (the wrappers
+    then take the host-copy path)."""
+    global HOST
+    if HOST is None and mx.metal.is_available() and mx.default_device() == mx.gpu:
+        HOST = Host()
+    if HOST is None or (HOST.metal_kernel is mx.fast.metal_kernel and
+                        mx.default_device() != mx.gpu):
+        return None
+    return HOST
+
+
 @functools.lru_cache(maxsize=4096)
 def _bytes(data: bytes) -> mx.array:
     """A parameter struct as an MLX byte buffer (cached: plans repeat)."""

@@ -22,6 +22,7 @@ thread is a CPU fiber.
 
 from __future__ import annotations
 
+import collections
 import functools
 import re
 
@@ -32,6 +33,11 @@ from . import mlx_assembly as _assembly
 from . import source as _source
 
 _VALUE = re.compile(r"^#define FA_INSTREAM_VALUE_(\d+) (.+)$", re.M)
+
+# The last dispatches the stand-ins ran, oldest first (tests compare them
+# with the plan): dicts of kernel, grid and threadgroup (in threadgroups),
+# constants, and the bytes bound to each argument.
+CALLS: collections.deque = collections.deque(maxlen=4096)
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,8 +124,10 @@ def metal_kernel(name, input_names, output_names, source, header="", ensure_row_
                 filled = mx.full((int(np.prod(shape)),), init_value, _DTYPES[dtype])
                 outputs.append(np.array(filled.view(mx.uint8)))
         groups, group = _groups(f"metal_kernel {name}", grid, threadgroup)
-        _core._sim_instream_run(key, [b for _, b in host] + outputs, groups, group,
-                                constants_of(header))
+        constants = constants_of(header)
+        CALLS.append(dict(kernel=name, grid=groups, threadgroup=group, constants=constants,
+                          arguments={n: b.tobytes() for n, (_, b) in zip(input_names, host)}))
+        _core._sim_instream_run(key, [b for _, b in host] + outputs, groups, group, constants)
         return [mx.array(o).view(_DTYPES[d]).reshape(tuple(shape))
                 for o, d, shape in zip(outputs, out_names, output_shapes)]
 
@@ -157,6 +165,10 @@ class _Library:
                 else:
                     raise ValueError(f"the metal-sim stand-in does not bind {type(a).__name__}")
             groups, group = _groups(f"torch kernel {name}", threads, group_size)
+            CALLS.append(dict(kernel=name, grid=groups, threadgroup=group,
+                              constants=self.constants,
+                              arguments={i: b for i, b in enumerate(buffers)
+                                         if isinstance(b, bytes)}))
             _core._sim_instream_run(self.key, buffers, groups, group, self.constants)
 
         return run
