@@ -7,7 +7,7 @@ and compare the loss curves, step times and peak memory.
     python examples/train_gpt.py --steps 20 --seq 64   # a quick look
 
 The same as `python -m flashattn train`. The model and the loop are in
-flashattn/_train.py; the one line that matters is the attention call:
+flashattn/cli/train.py; the one line that matters is the attention call:
 
     import flashattn.torch as fat
     y = fat.attention(q, k, v, causal=True, layout="bhtd")   # (B, H, T, D)
@@ -18,7 +18,7 @@ is_causal=True); autograd runs flashattn's fused backward.
 
 import sys
 
-from flashattn._train import main
+from flashattn.cli.train import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -324,11 +324,18 @@ Sequences sequences_of(const char* fn, const PrefixSums& cu_q, const PrefixSums&
                           int64_t(cu_k.shape(0)), int64_t(q.shape(0)), int64_t(k.shape(0)));
 }
 
+// per_sequence (private: the bench's and tests' baseline): one engine call
+// per sequence instead of the engine's one call for the batch.
+VarlenSchedule schedule_of(bool per_sequence) {
+    return per_sequence ? VarlenSchedule::per_sequence : VarlenSchedule::one_call;
+}
+
 nb::tuple forward_varlen(DataArray q, DataArray k, DataArray v, PrefixSums cu_q,
                          PrefixSums cu_k, bool causal, int64_t window_left, int64_t window_right,
                          std::optional<double> scale, double softcap,
                          std::optional<InputArray> alibi, std::optional<InputArray> sinks,
-                         std::optional<std::string> backend, const std::string& dtype_name_) {
+                         std::optional<std::string> backend, const std::string& dtype_name_,
+                         bool per_sequence) {
     const char* fn = "attention_varlen";
     const DType dt = dtype_of(fn, dtype_name_);
     const Sequences seqs = sequences_of(fn, cu_q, cu_k, q, k);
@@ -342,7 +349,7 @@ nb::tuple forward_varlen(DataArray q, DataArray k, DataArray v, PrefixSums cu_q,
     run_released([&] {
         run_forward_varlen(engine, seqs, qv, kv, vv,
                            options_of(causal, window_left, window_right, scale), score,
-                           o.buffer.data, lse.floats());
+                           o.buffer.data, lse.floats(), schedule_of(per_sequence));
     });
     return nb::make_tuple(o.release(), lse.release());
 }
@@ -353,7 +360,8 @@ nb::tuple backward_varlen(DataArray dout, DataArray q, DataArray k, DataArray v,
                           PrefixSums cu_q, PrefixSums cu_k, bool causal, int64_t window_left,
                           int64_t window_right, std::optional<double> scale, double softcap,
                           std::optional<InputArray> alibi, std::optional<InputArray> sinks,
-                          std::optional<std::string> backend, const std::string& dtype_name_) {
+                          std::optional<std::string> backend, const std::string& dtype_name_,
+                          bool per_sequence) {
     const char* fn = "attention_varlen_backward";
     const DType dt = dtype_of(fn, dtype_name_);
     const Sequences seqs = sequences_of(fn, cu_q, cu_k, q, k);
@@ -381,7 +389,7 @@ nb::tuple backward_varlen(DataArray dout, DataArray q, DataArray k, DataArray v,
         run_backward_varlen(engine, seqs, views[0], views[1], views[2], views[3], views[4],
                             lse.data(), options_of(causal, window_left, window_right, scale),
                             score, dq.buffer.data, dk.buffer.data, dv.buffer.data,
-                            dsinks ? dsinks->floats() : nullptr);
+                            dsinks ? dsinks->floats() : nullptr, schedule_of(per_sequence));
     });
     if (dsinks)
         return nb::make_tuple(dq.release(), dk.release(), dv.release(), dsinks->release());
@@ -433,13 +441,14 @@ NB_MODULE(_core, m) {
           nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("causal"),
           nb::arg("window_left"), nb::arg("window_right"), nb::arg("scale").none(),
           nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
-          nb::arg("backend").none(), nb::arg("dtype") = "float32");
+          nb::arg("backend").none(), nb::arg("dtype") = "float32",
+          nb::arg("_per_sequence") = false);
     m.def("backward_varlen", &backward_varlen, nb::arg("do"), nb::arg("q"), nb::arg("k"),
           nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("cu_seqlens_q"),
           nb::arg("cu_seqlens_k"), nb::arg("causal"), nb::arg("window_left"),
           nb::arg("window_right"), nb::arg("scale").none(), nb::arg("softcap"),
           nb::arg("alibi_slopes").none(), nb::arg("sinks").none(), nb::arg("backend").none(),
-          nb::arg("dtype") = "float32");
+          nb::arg("dtype") = "float32", nb::arg("_per_sequence") = false);
     m.def("check_call", &check_call, nb::arg("fn"), nb::arg("q_shape"), nb::arg("k_shape"),
           nb::arg("v_shape"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
           nb::arg("scale").none());

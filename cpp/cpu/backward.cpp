@@ -119,21 +119,25 @@ constexpr int64_t kTargetTasks = 16;
 
 // Query heads per task: a kv head's whole group, so that each key block is
 // laid out once and its dK, dV stay in cache across the group; or, when
-// there are too few kv heads to make kTargetTasks and the dK, dV partials fit
-// the budget, one head each, its dK, dV summed over the group at the end.
-// Then a GQA call splits like the MHA call of the same H (the same dQ
-// partials), instead of cutting each kv head's keys into more chunks.
-int heads_per_task(const FlashParams& p) {
+// there are too few kv heads to make kTargetTasks (with the tasks of the
+// calls sharing the loops: Sharing) and the dK, dV partials fit the budget,
+// one head each, its dK, dV summed over the group at the end. Then a GQA
+// call splits like the MHA call of the same H (the same dQ partials),
+// instead of cutting each kv head's keys into more chunks.
+int heads_per_task(const FlashParams& p, Sharing sharing) {
     const double partial_bytes = 8.0 * p.B * p.H * double(p.Tk) * p.D;
-    if (p.group == 1 || int64_t(p.B) * p.Hkv >= kTargetTasks || partial_bytes > kPartialBudgetBytes)
+    if (p.group == 1 || int64_t(p.B) * p.Hkv + sharing.other_tasks >= kTargetTasks ||
+        partial_bytes > kPartialBudgetBytes)
         return p.group;
     return 1;
 }
 
 // Enough chunks to keep a few cores busy when there are few tasks of
-// `heads` query heads each, as long as their partials fit the budget.
-ChunkPlan choose_chunks(const FlashParams& p, int BQ, int Dp, int heads, bool dq_float) {
-    const int64_t units = int64_t(p.B) * p.H / heads;
+// `heads` query heads each (with the sharing calls' tasks), as long as
+// their partials fit the budget.
+ChunkPlan choose_chunks(const FlashParams& p, int BQ, int Dp, int heads, bool dq_float,
+                        Sharing sharing) {
+    const int64_t units = int64_t(p.B) * p.H / heads + sharing.other_tasks;
     const int64_t kblocks = (int64_t(p.Tk) + kBlockK - 1) / kBlockK;
     for (int64_t n = std::min<int64_t>((kTargetTasks + units - 1) / units, kblocks);; --n) {
         ChunkPlan plan = plan_chunks(p, BQ, Dp, std::max<int64_t>(n, 1), dq_float);
@@ -246,33 +250,35 @@ struct GradientEpilogue {
 // entry, simd::fma as there): in a saturated row, O is bit for bit the v of
 // its one key, and dP - delta must then be exactly 0, or dS = P (dP - delta)
 // leaves an error of ulps of dO . v that scale * k multiplies into dq and dk.
-// W rows at a time, one per lane.
+// W rows at a time, one per lane; task t of row_delta_tasks(p) does
+// kDeltaRows rows of one head.
+constexpr int64_t kDeltaRows = 256;
+int64_t row_delta_tasks(const FlashParams& p) {
+    return int64_t(p.B) * p.H * ((int64_t(p.Tq) + kDeltaRows - 1) / kDeltaRows);
+}
 template <class T>
-void row_deltas(const FlashParams& p, const BackwardIO& io, float* delta) {
-    const int64_t heads = int64_t(p.B) * p.H;
-    const int64_t rows_per_task = 256;
+void row_deltas(const FlashParams& p, const BackwardIO& io, float* delta, int64_t t) {
+    const int64_t rows_per_task = kDeltaRows;
     const int64_t tasks_per_head = (int64_t(p.Tq) + rows_per_task - 1) / rows_per_task;
-    parallel_for(heads * tasks_per_head, [&](int64_t t) {
-        const int64_t bh = t / tasks_per_head, b = bh / p.H, h = bh % p.H;
-        const int64_t i0 = t % tasks_per_head * rows_per_task;
-        const int64_t i1 = std::min<int64_t>(i0 + rows_per_task, p.Tq);
-        const T* do0 = static_cast<const T*>(io.dout) + b * p.dout.b + h * p.dout.h;
-        const T* o0 = static_cast<const T*>(io.o) + b * p.o.b + h * p.o.h;
-        for (int64_t r0 = i0; r0 < i1; r0 += W) {
-            const int n = int(std::min<int64_t>(W, i1 - r0));
-            alignas(64) float a[W] = {}, c[W] = {}, out[W];
-            vf acc{};
-            for (int d = 0; d < p.D; ++d) {
-                for (int r = 0; r < n; ++r) {
-                    a[r] = to_float(do0[(r0 + r) * p.dout.t + d]);
-                    c[r] = to_float(o0[(r0 + r) * p.o.t + d]);
-                }
-                acc = simd::fma(simd::load(a), simd::load(c), acc);
+    const int64_t bh = t / tasks_per_head, b = bh / p.H, h = bh % p.H;
+    const int64_t i0 = t % tasks_per_head * rows_per_task;
+    const int64_t i1 = std::min<int64_t>(i0 + rows_per_task, p.Tq);
+    const T* do0 = static_cast<const T*>(io.dout) + b * p.dout.b + h * p.dout.h;
+    const T* o0 = static_cast<const T*>(io.o) + b * p.o.b + h * p.o.h;
+    for (int64_t r0 = i0; r0 < i1; r0 += W) {
+        const int n = int(std::min<int64_t>(W, i1 - r0));
+        alignas(64) float a[W] = {}, c[W] = {}, out[W];
+        vf acc{};
+        for (int d = 0; d < p.D; ++d) {
+            for (int r = 0; r < n; ++r) {
+                a[r] = to_float(do0[(r0 + r) * p.dout.t + d]);
+                c[r] = to_float(o0[(r0 + r) * p.o.t + d]);
             }
-            simd::store(out, acc);
-            for (int r = 0; r < n; ++r) delta[bh * p.Tq + r0 + r] = out[r];
+            acc = simd::fma(simd::load(a), simd::load(c), acc);
         }
-    });
+        simd::store(out, acc);
+        for (int r = 0; r < n; ++r) delta[bh * p.Tq + r0 + r] = out[r];
+    }
 }
 
 struct Context {
@@ -579,104 +585,145 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
 }
 
 // dq = (dq, when the first chunk added there, else 0) + every partial that
-// covers the row, in chunk order, summed in float32 and rounded to T once.
+// covers the row, in chunk order, summed in float32 and rounded to T once;
+// task t of partial_sum_tasks(p, BQ) does one query tile of one head.
+int64_t partial_sum_tasks(const FlashParams& p, int BQ) {
+    return int64_t(p.B) * p.H * ((int64_t(p.Tq) + BQ - 1) / BQ);
+}
 template <class T>
-void sum_partials(const Context& cx, const ChunkPlan& plan) {
+void sum_partials(const Context& cx, const ChunkPlan& plan, int64_t t) {
     const FlashParams& p = cx.p;
     const int BQ = cx.BQ, Dp = cx.Dp;
     const bool from_dq = plan.chunks[0].offset < 0;
     const int64_t blocks = (int64_t(p.Tq) + BQ - 1) / BQ;
-    parallel_for(int64_t(p.B) * p.H * blocks, [&](int64_t t) {
-        const int64_t bh = t / blocks, i0 = t % blocks * BQ;
-        const int nq = int(std::min<int64_t>(BQ, p.Tq - i0));
-        T* dq = static_cast<T*>(cx.io.dq) + (bh / p.H) * p.dq.b + (bh % p.H) * p.dq.h +
-                i0 * p.dq.t;
-        float* sum = scratch(size_t(p.D), 0);
-        for (int r = 0; r < nq; ++r) {
-            // from_dq: the first chunk added into dq itself (then T is float).
-            if (from_dq)
-                std::memcpy(sum, reinterpret_cast<const float*>(dq + r * p.dq.t),
-                            sizeof(float) * p.D);
-            else
-                std::memset(sum, 0, sizeof(float) * p.D);
-            for (const Chunk& ch : plan.chunks) {
-                if (ch.offset < 0 || i0 < ch.row0 || i0 >= ch.row1) continue;
-                const int64_t row = bh * cx.partial_rows + ch.offset + (i0 - ch.row0) + r;
-                const float* add = cx.partial + row * Dp;
-                for (int d = 0; d < p.D; ++d) sum[d] += add[d];
-            }
-            store_row(dq + r * p.dq.t, sum, p.D);
+    const int64_t bh = t / blocks, i0 = t % blocks * BQ;
+    const int nq = int(std::min<int64_t>(BQ, p.Tq - i0));
+    T* dq = static_cast<T*>(cx.io.dq) + (bh / p.H) * p.dq.b + (bh % p.H) * p.dq.h +
+            i0 * p.dq.t;
+    float* sum = scratch(size_t(p.D), 0);
+    for (int r = 0; r < nq; ++r) {
+        // from_dq: the first chunk added into dq itself (then T is float).
+        if (from_dq)
+            std::memcpy(sum, reinterpret_cast<const float*>(dq + r * p.dq.t),
+                        sizeof(float) * p.D);
+        else
+            std::memset(sum, 0, sizeof(float) * p.D);
+        for (const Chunk& ch : plan.chunks) {
+            if (ch.offset < 0 || i0 < ch.row0 || i0 >= ch.row1) continue;
+            const int64_t row = bh * cx.partial_rows + ch.offset + (i0 - ch.row0) + r;
+            const float* add = cx.partial + row * Dp;
+            for (int d = 0; d < p.D; ++d) sum[d] += add[d];
         }
-    });
+        store_row(dq + r * p.dq.t, sum, p.D);
+    }
 }
 
 // dk, dv of each kv head = the sum of its group's per-head partials, in head
-// order, rounded to T once.
+// order, rounded to T once; task t of dkv_sum_tasks(p) does kDkvSumRows keys
+// of one kv head.
+constexpr int64_t kDkvSumRows = 256;
+int64_t dkv_sum_tasks(const FlashParams& p) {
+    return int64_t(p.B) * p.Hkv * ((int64_t(p.Tk) + kDkvSumRows - 1) / kDkvSumRows);
+}
 template <class T>
-void sum_dkv_partials(const Context& cx) {
+void sum_dkv_partials(const Context& cx, int64_t t) {
     const FlashParams& p = cx.p;
     const int D = p.D;
-    const int64_t rows_per_task = 256;
+    const int64_t rows_per_task = kDkvSumRows;
     const int64_t tasks_per_head = (int64_t(p.Tk) + rows_per_task - 1) / rows_per_task;
     const size_t all = size_t(p.B) * p.H;
-    parallel_for(int64_t(p.B) * p.Hkv * tasks_per_head, [&](int64_t t) {
-        const int64_t bk = t / tasks_per_head, b = bk / p.Hkv, hk = bk % p.Hkv;
-        const int64_t j0 = t % tasks_per_head * rows_per_task;
-        const int64_t j1 = std::min<int64_t>(j0 + rows_per_task, p.Tk);
-        for (int which = 0; which < 2; ++which) {
-            T* out = static_cast<T*>(which == 0 ? cx.io.dk : cx.io.dv) +
-                     (which == 0 ? b * p.dk.b + hk * p.dk.h : b * p.dv.b + hk * p.dv.h);
-            const float* part = cx.dkv_partial + (which * all + size_t(b * p.H + hk * p.group)) *
-                                                     size_t(p.Tk) * D;
-            float* sum = scratch(size_t(D), 0);
-            for (int64_t j = j0; j < j1; ++j) {
-                std::memcpy(sum, part + j * D, sizeof(float) * D);
-                for (int g = 1; g < p.group; ++g) {
-                    const float* add = part + (size_t(g) * p.Tk + size_t(j)) * D;
-                    for (int d = 0; d < D; ++d) sum[d] += add[d];
-                }
-                store_row(out + j * p.dk.t, sum, D);
+    const int64_t bk = t / tasks_per_head, b = bk / p.Hkv, hk = bk % p.Hkv;
+    const int64_t j0 = t % tasks_per_head * rows_per_task;
+    const int64_t j1 = std::min<int64_t>(j0 + rows_per_task, p.Tk);
+    for (int which = 0; which < 2; ++which) {
+        T* out = static_cast<T*>(which == 0 ? cx.io.dk : cx.io.dv) +
+                 (which == 0 ? b * p.dk.b + hk * p.dk.h : b * p.dv.b + hk * p.dv.h);
+        const float* part = cx.dkv_partial + (which * all + size_t(b * p.H + hk * p.group)) *
+                                                 size_t(p.Tk) * D;
+        float* sum = scratch(size_t(D), 0);
+        for (int64_t j = j0; j < j1; ++j) {
+            std::memcpy(sum, part + j * D, sizeof(float) * D);
+            for (int g = 1; g < p.group; ++g) {
+                const float* add = part + (size_t(g) * p.Tk + size_t(j)) * D;
+                for (int d = 0; d < D; ++d) sum[d] += add[d];
             }
+            store_row(out + j * p.dk.t, sum, D);
         }
-    });
+    }
 }
 
+// One call's work (cpu/call_phases.h): phase 0 the row deltas; phase 1 the
+// key chunks of every (batch, kv head or query head); phase 2, when chunks or
+// per-head dK, dV left partials, their sums (dq's tiles, then dk's and dv's
+// rows).
 template <class T>
-void backward_call(const FlashParams& p, const BackwardIO& io) {
-    const int BQ = query_block(p.Tq, W);
-    const int Dp = int(round_up(p.D, W));
-    AlignedBuffer delta(size_t(p.B) * p.H * size_t(p.Tq));
-    row_deltas<T>(p, io, delta.data());
+class BackwardCall final : public CallPhases {
+public:
+    BackwardCall(const FlashParams& call, const BackwardIO& call_io, Sharing sharing)
+        : p(call), io(call_io), BQ(query_block(p.Tq, W)), Dp(int(round_up(p.D, W))),
+          delta(size_t(p.B) * p.H * size_t(p.Tq)), heads(heads_per_task(p, sharing)),
+          plan(choose_chunks(p, BQ, Dp, heads, std::is_same_v<T, float>, sharing)),
+          partial(size_t(p.B) * p.H * size_t(plan.partial_rows) * Dp),
+          dkv_partial(heads < p.group ? 2 * size_t(p.B) * p.H * size_t(p.Tk) * p.D : 0) {
+        // q and do in pairs where each query tile meets several key blocks.
+        if (amx_scores<T>(p) && p.Tk > kBlockK) {
+            q_pairs = PairedRows(std::in_place_type<T>, io.q, p.q, p.B, p.H, p.Tq, p.D);
+            do_pairs = PairedRows(std::in_place_type<T>, io.dout, p.dout, p.B, p.H, p.Tq, p.D);
+        }
+        units = int64_t(p.B) * p.H / heads;
+        n_chunks = int64_t(plan.chunks.size());
+        dq_sums = plan.partial_rows > 0 ? partial_sum_tasks(p, BQ) : 0;
+        dkv_sums = heads < p.group ? dkv_sum_tasks(p) : 0;
+    }
 
-    const int heads = heads_per_task(p);
-    const ChunkPlan plan = choose_chunks(p, BQ, Dp, heads, std::is_same_v<T, float>);
-    AlignedBuffer partial(size_t(p.B) * p.H * size_t(plan.partial_rows) * Dp);
-    AlignedBuffer dkv_partial(heads < p.group ? 2 * size_t(p.B) * p.H * size_t(p.Tk) * p.D : 0);
-    // q and do in pairs where each query tile meets several key blocks.
-    const bool pair = amx_scores<T>(p) && p.Tk > kBlockK;
-    const PairedRows q_pairs =
-        pair ? PairedRows(std::in_place_type<T>, io.q, p.q, p.B, p.H, p.Tq, p.D) : PairedRows();
-    const PairedRows do_pairs = pair ? PairedRows(std::in_place_type<T>, io.dout, p.dout, p.B,
-                                                  p.H, p.Tq, p.D)
-                                     : PairedRows();
-    const Context cx{p,  io, delta.data(), partial.data(), plan.partial_rows, BQ,
-                     Dp, heads, dkv_partial.data(), q_pairs, do_pairs};
+    int phases() const override { return dq_sums + dkv_sums > 0 ? 3 : 2; }
+    int64_t tasks(int phase) const override {
+        return phase == 0 ? row_delta_tasks(p) : phase == 1 ? units * n_chunks : dq_sums + dkv_sums;
+    }
+    void run(int phase, int64_t t) override {
+        if (phase == 0) {
+            row_deltas<T>(p, io, delta.data(), t);
+        } else if (phase == 1) {
+            const int64_t c = t / units, u = t % units;
+            const int64_t per_batch = p.H / heads;
+            chunk_task<T>(context(), u / per_batch, u % per_batch * heads, plan.chunks[size_t(c)]);
+        } else if (t < dq_sums) {
+            sum_partials<T>(context(), plan, t);
+        } else {
+            sum_dkv_partials<T>(context(), t - dq_sums);
+        }
+    }
 
-    const int64_t units = int64_t(p.B) * p.H / heads;
-    const int64_t n_chunks = int64_t(plan.chunks.size());
-    parallel_for(units * n_chunks, [&](int64_t t) {
-        const int64_t c = t / units, u = t % units;
-        const int64_t per_batch = p.H / heads;
-        chunk_task<T>(cx, u / per_batch, u % per_batch * heads, plan.chunks[size_t(c)]);
-    });
-    if (plan.partial_rows > 0) sum_partials<T>(cx, plan);
-    if (heads < p.group) sum_dkv_partials<T>(cx);
-}
+private:
+    Context context() const {
+        return Context{p,  io, delta.data(), partial.data(), plan.partial_rows, BQ,
+                       Dp, heads, dkv_partial.data(), q_pairs, do_pairs};
+    }
+
+    const FlashParams p;
+    const BackwardIO io;
+    const int BQ, Dp;
+    AlignedBuffer delta;
+    const int heads;
+    const ChunkPlan plan;
+    AlignedBuffer partial, dkv_partial;
+    PairedRows q_pairs, do_pairs;
+    int64_t units = 0, n_chunks = 0, dq_sums = 0, dkv_sums = 0;
+};
 
 }  // namespace
 
+std::unique_ptr<CallPhases> backward_phases(const FlashParams& p, const BackwardIO& io,
+                                            Sharing sharing) {
+    std::unique_ptr<CallPhases> call;
+    with_element_type(io.dtype, [&](auto element) {
+        call = std::make_unique<BackwardCall<decltype(element)>>(p, io, sharing);
+    });
+    return call;
+}
+
 void attention_backward(const FlashParams& p, const BackwardIO& io) {
-    with_element_type(io.dtype, [&](auto element) { backward_call<decltype(element)>(p, io); });
+    run_phases(*FLASHATTN_CPU_ISA::backward_phases(p, io, Sharing{}));
 }
 
 }  // namespace flashattn::cpu::FLASHATTN_CPU_ISA

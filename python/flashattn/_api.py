@@ -250,6 +250,16 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     Returns:
         o (total_q, H, D), or (o, lse) with lse (H, total_q).
     """
+    return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             causal, window, scale, softcap, alibi_slopes, sinks, return_lse,
+                             backend)
+
+
+def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                      window, scale, softcap, alibi_slopes, sinks, return_lse, backend,
+                      per_sequence=False):
+    """attention_varlen; per_sequence runs one engine call per sequence (the
+    bench's and the tests' baseline) instead of one for the batch."""
     fn = "attention_varlen"
     arrays, cu_q, cu_k, score = _varlen_arguments(
         fn, {"q": q, "k": k, "v": v}, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -258,7 +268,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     left, right = _args.window(fn, window)
     o, lse = _core.forward_varlen(arrays["q"], arrays["k"], arrays["v"], cu_q, cu_k, causal, left,
                                   right, _args.scale(fn, scale), backend=_backend(fn, backend),
-                                  **score)
+                                  _per_sequence=per_sequence, **score)
     o = _cooked(o, score["dtype"])
     return (o, lse) if return_lse else o
 
@@ -270,6 +280,15 @@ def attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *
     """Gradients of attention_varlen(q, k, v, ...) for ``do``; ``o`` and
     ``lse`` (H, total_q) from the forward call with the same options.
     Returns dq, dk, dv shaped like q, k, v, and dsinks (H,) with ``sinks``."""
+    return _attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
+                                      max_seqlen_q, max_seqlen_k, causal, window, scale, softcap,
+                                      alibi_slopes, sinks, backend)
+
+
+def _attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, causal, window, scale, softcap, alibi_slopes, sinks,
+                               backend, per_sequence=False):
+    """attention_varlen_backward; per_sequence as in _attention_varlen."""
     fn = "attention_varlen_backward"
     arrays, cu_q, cu_k, score = _varlen_arguments(
         fn, {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse}, cu_seqlens_q, cu_seqlens_k,
@@ -283,5 +302,6 @@ def attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *
     grads = _core.backward_varlen(arrays["do"], arrays["q"], arrays["k"], arrays["v"],
                                   arrays["o"], np.ascontiguousarray(lse), cu_q, cu_k, causal,
                                   left, right, _args.scale(fn, scale),
-                                  backend=_backend(fn, backend), **score)
+                                  backend=_backend(fn, backend), _per_sequence=per_sequence,
+                                  **score)
     return tuple(_cooked(g, score["dtype"]) for g in grads[:3]) + tuple(grads[3:])

@@ -38,7 +38,7 @@ from ._api import attention as _np_attention
 from ._args import scale as _scale, window as _window
 from ._api import attention_backward as _np_attention_backward
 from ._api import backends as _backends
-from ._torch_ring import ring_attention  # issue 18: over MPI, flashattn.distributed
+from .distributed._torch import ring_attention  # issue 18: over MPI, flashattn.distributed
 from ._instream import torch_stream as _instream
 
 __all__ = ["attention", "ring_attention"]

@@ -10,7 +10,7 @@ import io
 import pytest
 
 import flashattn as fa
-from flashattn import _bench_metal
+from flashattn.cli.bench import metal as _bench_metal
 
 
 @pytest.mark.skipif("metal" in fa.backends(), reason="this machine has the metal engine")

@@ -1,4 +1,4 @@
-"""One rank of the ring attention tests (tests/python/test_distributed.py
+"""One rank of the ring attention tests (test_distributed.py beside it
 starts it with mpiexec -n P): runs every case of CASES forward and backward
 through flashattn.distributed, gathers the shards, and on rank 0 checks them
 against the float64 reference by FlashAttention's rule (helpers.py) and
@@ -151,7 +151,7 @@ def fail_mid_ring(comm, fail_rank: int) -> None:
     """Rank ``fail_rank`` raises at its first engine call (step 0), so it
     never forwards the next shard and rank fail_rank + 1 would wait for it
     forever: ring_attention must abort them all."""
-    import flashattn._ring as ring
+    import flashattn.distributed._ring as ring
 
     if comm.Get_rank() == fail_rank:
         real, calls = ring.attention, []

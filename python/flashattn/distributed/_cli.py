@@ -24,8 +24,8 @@ import time
 import numpy as np
 
 from . import _ring
-from . import _ring_plan as plan
-from ._cli_args import positive_int
+from . import _plan as plan
+from ..cli.args import positive_int
 
 _BLOCK = 256  # rows per seeded block of the synthetic inputs
 
@@ -101,7 +101,7 @@ def _parser(command: str) -> argparse.ArgumentParser:
 
 def _run_ring(args, comm, q, k, v, do, backward: bool, dry: bool):
     """One forward (and backward) on this rank's shards: outputs and Stats."""
-    from . import distributed as fd
+    from .. import distributed as fd
 
     window = tuple(args.window)
     fwd, bwd = _ring.Stats(dry), _ring.Stats(dry)
@@ -116,7 +116,7 @@ def _run_ring(args, comm, q, k, v, do, backward: bool, dry: bool):
 
 
 def _setup(argv, command):
-    from . import _ring_comm
+    from . import _comm as _ring_comm
     import flashattn as fa
 
     args = _parser(command).parse_args(argv)
@@ -139,7 +139,7 @@ def _stats_line(rank, n, s_f, s_b, rss):
 
 def demo(argv) -> int:
     import flashattn as fa
-    from . import distributed as fd
+    from .. import distributed as fd
 
     args, comm, rank, size, threads = _setup(argv, "demo")
     q, k, v, do = _inputs(args, rank, size)

@@ -2,7 +2,7 @@
 or bfloat16 against PyTorch's ``scaled_dot_product_attention`` on the CPU in
 the same dtype, and against its own float32, in one process, interleaved.
 
-The shapes are the float32 table's (_bench.SHAPES). For each, six calls run
+The shapes are the float32 table's (cpu.SHAPES). For each, six calls run
 once to warm up and then ``--repeat`` times (at least 5) in alternating
 order: ours in the dtype, forward and forward + backward, the same in
 float32, and torch in the dtype. The table shows minimum (and median) times,
@@ -19,13 +19,13 @@ import math
 import statistics
 import sys
 
-from ._cli_args import positive_int
+from ..args import positive_int
 
 GOAL_MEAN, GOAL_EACH = 1.5, 1.2
 
 
 def run(args, torch, progress):
-    from ._bench import SHAPES, Problem, forward_flops, interleaved, shape_label
+    from .cpu import SHAPES, Problem, forward_flops, interleaved, shape_label
 
     rows = []
     for shape in SHAPES:
@@ -49,7 +49,7 @@ def geomean(xs):
 
 
 def print_table(rows, dtype, have_torch):
-    from ._bench import shape_label
+    from .cpu import shape_label
 
     print(f"\nmin of the interleaved runs (median in brackets); GFLOP/s from the min; "
           f"x torch = torch {dtype} min / ours; x fp32 = our float32 min / ours {dtype}")
@@ -99,9 +99,9 @@ def main(argv) -> int:
                         help="timed runs per case (>= 5)")
     args, rest = parser.parse_known_args(argv)
     if args.dtype == "fp32":
-        from . import _bench
+        from . import cpu
 
-        return _bench.main(rest + ([f"--threads={args.threads}"] if args.threads else []) +
+        return cpu.main(rest + ([f"--threads={args.threads}"] if args.threads else []) +
                            [f"--repeat={args.repeat}"])
     if rest:
         parser.error(f"unrecognised arguments with --dtype {args.dtype}: {' '.join(rest)}")
@@ -109,7 +109,7 @@ def main(argv) -> int:
         parser.error("--repeat must be at least 5")
 
     import flashattn as fa
-    from ._bench import SHAPES, Progress, import_torch
+    from .cpu import SHAPES, Progress, import_torch
 
     if args.threads is not None:
         fa.set_num_threads(args.threads)

@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("torch", reason="the training example needs torch: pip install '.[torch]'")
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SHORT = ["--steps", "12", "--seq", "64", "--layers", "2", "--d-model", "64", "--batch", "4"]
 
 

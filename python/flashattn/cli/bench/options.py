@@ -11,6 +11,12 @@ additive (H, T, T) bias (torch has no softcap or sinks in SDPA).
 Varlen: a packed batch of sequences of different lengths against the same
 sequences padded to the longest (B x T_max, what a fixed-shape kernel
 computes); time per unit of sum T_b^2 shows the cost follows the real work.
+Then a varlen call against a dense batch of the same work: 256 sequences
+of 64 tokens (dense B = 256, T = 64), and 64 of mixed lengths 1..512 (dense
+B = 64 sequences of the length whose causal work matches, compared per unit
+of work), forward and forward + backward, the varlen batch run as one engine
+call (what fa.attention_varlen does) and, beside it, as one engine call per
+sequence (what it did before: each short sequence a parallel loop of its own).
 
 Every timed call runs once to warm up, then --repeat times (at least 5),
 the variants interleaved in alternating order; min (median) in ms.
@@ -26,11 +32,13 @@ import time
 
 import numpy as np
 
-from ._cli_args import positive_int
+from ..args import positive_int
 
 OPTIONS_SHAPE = (1, 2048, 8, 8, 64)  # B, T, H, Hkv, D; causal
 VARLEN_LENGTHS = [1536, 768, 384, 256, 128, 128, 64, 64, 32, 16]
 VARLEN_HEADS = (8, 8, 64)  # H, Hkv, D
+SHORT_BATCH = (256, 64)  # sequences, tokens each: issue 34's first varlen case
+MIXED_BATCH = (64, 512)  # sequences, longest: lengths drawn from 1..512 (seeded)
 
 
 def _interleaved(fns, repeat):
@@ -185,13 +193,103 @@ def varlen_section(repeat):
     return times
 
 
+def _causal_work(lengths):
+    """(query, key) pairs a causal call computes: sum of T (T + 1) / 2."""
+    return sum(t * (t + 1) // 2 for t in lengths)
+
+
+def one_launch_section(repeat):
+    """A varlen call, in one engine call and in one per sequence, against a
+    dense batch of the same work."""
+    import flashattn as fa
+    from flashattn import _api
+
+    H, Hkv, D = VARLEN_HEADS
+    rng = np.random.default_rng(2)
+    n_mixed, longest = MIXED_BATCH
+    mixed = [int(t) for t in rng.integers(1, longest + 1, size=n_mixed)]
+    rms = int(round(np.sqrt(np.mean([t * (t + 1) for t in mixed]))))  # dense length, same work
+    cases = {"256 x 64": ([SHORT_BATCH[1]] * SHORT_BATCH[0], (SHORT_BATCH[0], SHORT_BATCH[1])),
+             f"mixed 1..{longest}": (mixed, (n_mixed, rms))}
+
+    def arrays(shape_q, shape_kv):
+        return (rng.standard_normal(shape_q, dtype=np.float32),
+                rng.standard_normal(shape_kv, dtype=np.float32),
+                rng.standard_normal(shape_kv, dtype=np.float32),
+                rng.standard_normal(shape_q, dtype=np.float32))
+
+    def passes(call, backward):
+        def fwd():
+            call(False)
+
+        def fwd_bwd():
+            backward(*call(True))
+        return fwd, fwd_bwd
+
+    fns, work = {}, {}
+    for name, (lengths, (B, T)) in cases.items():
+        cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+        q, k, v, do = arrays((int(cu[-1]), H, D), (int(cu[-1]), Hkv, D))
+        dq, dk, dv, ddo = arrays((B, T, H, D), (B, T, Hkv, D))
+
+        def varlen(lse, q=q, k=k, v=v, cu=cu, per_sequence=False):
+            return _api._attention_varlen(q, k, v, cu, cu, None, None, True, (-1, -1), None,
+                                          0.0, None, None, lse, "cpu", per_sequence)
+
+        def varlen_bwd(o, lse, q=q, k=k, v=v, cu=cu, do=do, per_sequence=False):
+            _api._attention_varlen_backward(do, q, k, v, o, lse, cu, cu, None, None, True,
+                                            (-1, -1), None, 0.0, None, None, "cpu",
+                                            per_sequence)
+
+        def loop(lse, varlen=varlen):
+            return varlen(lse, per_sequence=True)
+
+        def loop_bwd(o, lse, varlen_bwd=varlen_bwd):
+            varlen_bwd(o, lse, per_sequence=True)
+
+        def dense(lse, q=dq, k=dk, v=dv):
+            return fa.attention(q, k, v, causal=True, return_lse=lse, backend="cpu")
+
+        def dense_bwd(o, lse, q=dq, k=dk, v=dv, do=ddo):
+            fa.attention_backward(do, q, k, v, o, lse, causal=True, backend="cpu")
+
+        for kind, f in zip(("fwd", "fwd+bwd"), passes(varlen, varlen_bwd)):
+            fns[(name, kind, "varlen")] = f
+        for kind, f in zip(("fwd", "fwd+bwd"), passes(loop, loop_bwd)):
+            fns[(name, kind, "per sequence")] = f
+        for kind, f in zip(("fwd", "fwd+bwd"), passes(dense, dense_bwd)):
+            fns[(name, kind, "dense")] = f
+        work[(name, "varlen")] = _causal_work(lengths)
+        work[(name, "dense")] = B * _causal_work([T])
+    times = _interleaved(fns, repeat)
+
+    print(f"\nvarlen in one call against a dense batch of the same work, cpu engine, causal: "
+          f"H={H}, Hkv={Hkv}, D={D}; mixed: {n_mixed} lengths drawn from 1..{longest} (seed 2), "
+          f"dense {n_mixed} x {rms} (the same sum T (T + 1) / 2 to within rounding)")
+    print("varlen / dense: each one's time per unit of work (sum T (T + 1) / 2), as a ratio")
+    head = (f"{'batch':<16} {'pass':<8} {'dense':>9} {'ms':>20} {'one call ms':>20} "
+            f"{'/ dense':>8} {'per sequence ms':>20} {'/ dense':>8}")
+    print(head)
+    print("-" * len(head))
+    for name, (lengths, (B, T)) in cases.items():
+        for kind in ("fwd", "fwd+bwd"):
+            td = times[(name, kind, "dense")]
+            line = f"{name:<16} {kind:<8} {f'{B}x{T}':>9} {_fmt(td)}"
+            for variant in ("varlen", "per sequence"):
+                tv = times[(name, kind, variant)]
+                ratio = (min(tv) / work[(name, "varlen")]) / (min(td) / work[(name, "dense")])
+                line += f" {_fmt(tv)} {ratio:7.2f}x"
+            print(line)
+    return times
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flashattn bench options",
                                      description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--repeat", type=positive_int, default=5, help="timed runs (>= 5)")
     parser.add_argument("--threads", type=positive_int, default=None)
-    parser.add_argument("--only", choices=("options", "varlen"), default=None)
+    parser.add_argument("--only", choices=("options", "varlen", "one-launch"), default=None)
     args = parser.parse_args(argv)
     if args.repeat < 5:
         parser.error("--repeat must be at least 5")
@@ -212,6 +310,8 @@ def main(argv=None) -> int:
         options_section(args.repeat, torch)
     if args.only in (None, "varlen"):
         varlen_section(args.repeat)
+    if args.only in (None, "varlen", "one-launch"):
+        one_launch_section(args.repeat)
     print(f"load average at end {os.getloadavg()[0]:.2f}")
     return 0
 

@@ -1,5 +1,5 @@
 """flashattn.distributed under real MPI: ``mpiexec -n P`` (P = 1, 2, 3, 4,
-on this machine, loopback only) runs tests/python/ring_worker.py, whose
+on this machine, loopback only) runs tests/python/distributed/ring_worker.py, whose
 cases (causal and not, both layouts, uneven and empty shards, GQA/MQA,
 windows, Tq != Tk, an explicit scale, the metal-sim engine) are checked
 forward and backward against the float64 reference by FlashAttention's rule
@@ -52,7 +52,7 @@ def _launch(ranks: int, *args: str, timeout: float) -> subprocess.CompletedProce
 def _mpirun(ranks: int, python_args: list, *, timeout: float) -> subprocess.CompletedProcess:
     """mpiexec -n ranks python python_args, killed as a whole (process
     group) if it outlives ``timeout``: then the test fails."""
-    env = dict(os.environ, PYTHONPATH=str(HERE))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HERE), str(HERE.parent)]))  # + helpers.py
     cmd = [_mpiexec(), "-n", str(ranks), sys.executable, *python_args]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, cwd=HERE, env=env,

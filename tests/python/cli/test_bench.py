@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 PROBE = (
-    "import os; from flashattn._bench import import_torch; "
+    "import os; from flashattn.cli.bench.cpu import import_torch; "
     "torch, note = import_torch(1); print(os.environ['OMP_WAIT_POLICY']); print(note)"
 )
 

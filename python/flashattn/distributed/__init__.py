@@ -23,11 +23,12 @@ from typing import Any
 
 import numpy as np
 
-from . import _args, _ring
-from . import _ring_plan as plan
-from ._api import attention, attention_backward
-from ._ring_comm import communicator
-from . import _ring_comm
+from .. import _args
+from . import _ring
+from . import _plan as plan
+from .._api import attention, attention_backward
+from ._comm import communicator
+from . import _comm
 
 __all__ = ["ring_attention", "ring_attention_backward", "shard", "gather"]
 
@@ -39,7 +40,7 @@ def shard(x: np.ndarray, comm: Any = None, layout: str = "contiguous",
     along ``axis``; ``"zigzag"``, parts r and 2P - 1 - r of 2P, concatenated.
     lse (B, H, T) has its sequence on axis 2."""
     _, comm = communicator("shard", comm)
-    return _ring_comm.shard("shard", comm, x, layout, axis)
+    return _comm.shard("shard", comm, x, layout, axis)
 
 
 def gather(x_local: np.ndarray, comm: Any = None, layout: str = "contiguous",
@@ -48,7 +49,7 @@ def gather(x_local: np.ndarray, comm: Any = None, layout: str = "contiguous",
     (contiguous parts may be of any lengths; zigzag ones as ``shard`` makes
     them). Collective: every rank calls it."""
     MPI, comm = communicator("gather", comm)
-    return _ring_comm.gather("gather", MPI, comm, x_local, layout, axis)
+    return _comm.gather("gather", MPI, comm, x_local, layout, axis)
 
 
 def _local_checks(fn, arrays, causal, window, scale, layout, backend):
@@ -213,8 +214,3 @@ def _backward(do, q, k, v, o, lse, comm, causal, window, scale, layout, backend,
     return _run(fn, comm, lambda ring: _ring.backward(
         MPI, ring, do, q, k, v, o, lse, q_len, kv_len, layout, band, scale, backend, stats))
 
-
-if __name__ == "__main__":
-    from ._ring_cli import main
-
-    sys.exit(main(sys.argv[1:]))

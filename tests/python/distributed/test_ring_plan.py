@@ -1,4 +1,4 @@
-"""Ring attention's bookkeeping without MPI (flashattn._ring_plan): the
+"""Ring attention's bookkeeping without MPI (flashattn/distributed/_plan.py): the
 layouts' segments, and the per-pair sub-block and local window, checked
 against the global mask of fa.reference.visible_keys, then a ring computed in
 one process from those blocks against fa.attention / fa.attention_backward."""
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import flashattn as fa
-from flashattn import _ring_plan as plan
+from flashattn.distributed import _plan as plan
 from flashattn.reference import visible_keys
 
 BANDS = [(False, (-1, -1)), (True, (-1, -1)), (True, (5, 0)), (True, (3, 7)),
@@ -88,7 +88,7 @@ def test_bad_layout_names_the_value():
 
 def _ring_in_one_process(q, k, v, do, q_len, kv_len, layout, causal, window):
     """The ring's arithmetic without MPI: every (rank, step) block planned,
-    merged with fa.merge_states, gradients added (what distributed.py does)."""
+    merged with fa.merge_states, gradients added (what flashattn.distributed does)."""
     size = len(q_len)
     Tq, Tk = q.shape[1], k.shape[1]
     band = plan.global_band(Tq, Tk, causal, window)

@@ -15,7 +15,7 @@ import pytest
 
 import flashattn as fa
 from flashattn import __main__ as cli
-from flashattn import _report
+from flashattn.cli import report as _report
 
 
 def run_cli(*args, timeout=120):
@@ -58,7 +58,7 @@ def test_info_shows_the_cpu_path_in_use():
 
 def test_a_timing_child_that_fails_is_an_error_not_a_hang():
     # An engine name the child rejects: it raises before putting a result.
-    code = ("from flashattn import _report\n"
+    code = ("from flashattn.cli import report as _report\n"
             "try:\n    _report.timed('no-such-engine', (1, 8, 8, 1, 1, 8), True, 1)\n"
             "except RuntimeError as e:\n    print('RuntimeError:', e)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

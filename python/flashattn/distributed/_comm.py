@@ -10,8 +10,8 @@ import numbers
 
 import numpy as np
 
-from . import _args
-from . import _ring_plan as plan
+from .. import _args
+from . import _plan as plan
 
 
 def mpi():

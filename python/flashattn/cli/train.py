@@ -103,7 +103,7 @@ def _model(torch, vocab: int, args, attention):
 def _attention(torch, name: str, calls: list):
     """The run's attention, counting its calls (so the report shows which ran)."""
     if name == "flashattn":
-        from . import torch as fat
+        from .. import torch as fat
 
         def attend(q, k, v):
             return fat.attention(q, k, v, causal=True, layout="bhtd")
@@ -196,7 +196,7 @@ def _run_interleaved(args) -> dict:
     """Both runs, each in its own process, stepped alternately."""
     workers = {}
     for name in ATTENTIONS:
-        cmd = [sys.executable, "-m", "flashattn._train", *_worker_argv(args), "--worker", name]
+        cmd = [sys.executable, "-m", "flashattn.cli.train", *_worker_argv(args), "--worker", name]
         workers[name] = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                          text=True)
 

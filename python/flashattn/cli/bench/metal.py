@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from ._bench import Progress, forward_flops, interleaved
+from .cpu import Progress, forward_flops, interleaved
 
 # (B, Tq, Tk, H, Hkv, D, causal): training shapes, then decode against a KV cache.
 SHAPES = [

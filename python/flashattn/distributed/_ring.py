@@ -1,10 +1,10 @@
-"""The ring itself, forward and backward, on arguments distributed.py has
-already checked on every rank.
+"""The ring itself, forward and backward, on arguments that
+flashattn.distributed (__init__.py) has already checked on every rank.
 
 Forward: at step t rank r holds the K/V shard of rank r - t. It posts the
 non-blocking receive of the next shard and the send of the current one,
 runs the fused engine on every (query segment, key segment) block the band
-reaches (``_ring_plan.blocks``), merges each block's (o, lse) into its rows
+reaches (``_plan.blocks``), merges each block's (o, lse) into its rows
 with fa.merge_states, then waits. Accumulators are float32 whatever the
 input dtype.
 
@@ -23,10 +23,10 @@ import time
 
 import numpy as np
 
-from ._api import attention, attention_backward
-from ._merge import merge_states
-from ._ring_comm import raw
-from . import _ring_plan as plan
+from .._api import attention, attention_backward
+from .._merge import merge_states
+from ._comm import raw
+from . import _plan as plan
 
 _TAG_KV, _TAG_DKV = 1801, 1802
 

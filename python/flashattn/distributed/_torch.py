@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from . import distributed as fd
+from .. import distributed as fd
 
 
 def _host(x: torch.Tensor):

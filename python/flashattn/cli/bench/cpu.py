@@ -11,10 +11,10 @@ backward 2.5x forward. torch's (B, H, T, D) copies are made before timing.
 Two more sections show what torch has no counterpart for: the cost of a
 sliding window against full causal attention at T = 16384, and the peak
 memory of a T = 65536 forward + backward (measured in a child process).
-Then the machine's limits (_bench_limits.py): decode against the read
+Then the machine's limits (limits.py): decode against the read
 bandwidth, long T, the GQA backward against MHA, and small shapes against
 the FMA peak. ``bench options`` times the score options and varlen
-(_bench_options.py). ``--only decode,small`` runs some sections, ``--skip`` leaves
+(options.py). ``--only decode,small`` runs some sections, ``--skip`` leaves
 some out. torch is optional (``pip install 'flashattn[bench]'``); without it only the
 cpu engine's own numbers are shown. ``--plot FILE.png`` saves throughput
 against T for both engines (needs matplotlib).
@@ -33,8 +33,8 @@ import time
 
 import numpy as np
 
-from . import _bench_limits as _limits
-from ._cli_args import positive_int
+from . import limits as _limits
+from ..args import positive_int
 
 # (B, T, H, Hkv, D, causal): the shapes of the speed targets.
 SHAPES = [
@@ -48,7 +48,7 @@ SHAPES = [
 PLOT_TS = [256, 512, 1024, 2048, 4096]
 WINDOW_T, WINDOW = 16384, (255, 0)
 MEMORY_T = 65536
-# Every section, in the order they run (the last four: _bench_limits.py).
+# Every section, in the order they run (the last four: limits.py).
 SECTIONS = ("table", "window", "memory", "decode", "long-t", "gqa-bwd", "small")
 
 
@@ -192,7 +192,7 @@ def import_torch(threads):
 
 
 def fma_peak(threads):
-    from . import _core
+    from ... import _core
 
     return max(_core._cpu_fma_peak(0.3, threads) for _ in range(2))
 
@@ -337,7 +337,7 @@ def run_memory(args, progress, fwd_rate):
     eta = 3.5 * fl / fwd_rate if fwd_rate else float("nan")
     progress.step(f"memory at T={MEMORY_T} in a child process (about {eta:.0f} s)")
     cmd = [sys.executable, "-c",
-           "import sys, flashattn._bench as b; b.memory_child(int(sys.argv[1]), int(sys.argv[2]))",
+           "import sys, flashattn.cli.bench.cpu as b; b.memory_child(int(sys.argv[1]), int(sys.argv[2]))",
            str(MEMORY_T), str(args.threads)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
     return json.loads(out.strip().splitlines()[-1])
@@ -397,18 +397,6 @@ def run_plot(args, torch, progress, path):
 
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["options"]:  # the score options' cost and varlen (issue 16)
-        from . import _bench_options
-
-        return _bench_options.main(argv[1:])
-    if any(a == "--backend" or a.startswith("--backend=") for a in argv):
-        from . import _bench_metal  # the GPU engines' bench (metal against MLX)
-
-        return _bench_metal.main(argv)
-    if any(a == "--dtype" or a.startswith("--dtype=") for a in argv):
-        from . import _bench_dtype  # float16 / bfloat16 against torch in the same dtype
-
-        return _bench_dtype.main(argv)
     parser = argparse.ArgumentParser(prog="python -m flashattn bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=positive_int, default=None,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from flashattn import _bench, _bench_dtype
+from flashattn.cli.bench import cpu as _bench, dtype as _bench_dtype
 
 
 def test_an_unknown_dtype_is_a_usage_error():

@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from . import _api, _engines, reference
-from ._cli_args import positive_int
+from .. import _api, _engines, reference
+from .args import positive_int
 
 # The engine that simulates GPU kernels on the CPU is for tests: far too slow
 # for the timed shape, so it is only checked for correctness.
@@ -108,11 +108,11 @@ def main(argv=None) -> int:
                         help="timed runs per engine (best kept)")
     args = parser.parse_args(argv)
 
-    from . import __version__
+    from .. import __version__
 
     engines = _api.backends()
     print(f"flashattn {__version__}: " + "\n".join(engine_lines()))
-    from ._isa import cpu_isa
+    from .._isa import cpu_isa
 
     print(f"cpu engine threads: {_api.get_num_threads()}, instruction set: {cpu_isa()}")
 

@@ -34,7 +34,7 @@ CASES = {"decode": DECODE, "long-t": LONG_TS, "gqa-bwd": GQA_CASES, "small": SMA
 
 
 def read_bandwidth(threads):
-    from . import _core
+    from ... import _core
 
     return max(_core._cpu_read_bandwidth(0.25, threads) for _ in range(2))
 
@@ -204,7 +204,7 @@ def print_gqa_backward(rows, forward_flops, peak):
 
 
 def run_small(args, torch, progress, interleaved, Problem):
-    from . import _core
+    from ... import _core
 
     rows = []
     for B, T, D in SMALL:
