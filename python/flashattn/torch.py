@@ -16,7 +16,7 @@ Devices and copies:
   is contiguous; ``layout="bhtd"`` is a transposed view, not a copy); outputs
   are the engine's buffers, wrapped by ``torch.from_numpy``; the GIL is
   released while the engine runs.
-- MPS tensors (Mac), where torch has ``torch.mps.compile_shader`` (2.6 and
+- MPS tensors (Mac), where torch has ``torch.mps.compile_shader`` (2.7 and
   later) and ``backend=None``: in torch's own MPS stream (flashattn._instream,
   docs/metal.md): the metal engine's kernels, compiled by torch from the
   shipped shaders, run on the tensors where they are, outputs allocated by

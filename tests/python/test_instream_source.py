@@ -97,8 +97,11 @@ def test_every_generated_text_is_one_metal_sim_compiled(shaders):
     compiled = set(core._sim_instream_keys())
     for host in shaders.instances:
         _, text, _ = _assembled(shaders.mlx_kernel(host, CONSTANTS))
+        torch_text = shaders.torch_source(host, CONSTANTS)
         assert source.text_key(text) in compiled, f"MLX {host}"
-        assert source.text_key(shaders.torch_source(host, CONSTANTS)) in compiled, f"torch {host}"
+        assert source.text_key(torch_text) in compiled, f"torch {host}"
+        # MLX and torch hand Metal the text as ASCII (NSASCIIStringEncoding).
+        assert text.isascii() and torch_text.isascii(), host
     assert len(compiled) == 2 * len(shaders.instances)
 
 

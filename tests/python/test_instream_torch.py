@@ -131,7 +131,7 @@ def test_autograd_and_torch_compile_go_in_stream(host):
 
 @pytest.mark.mac
 @pytest.mark.skipif(not ON_MPS, reason="needs a Mac with PyTorch's MPS device and "
-                                       "torch.mps.compile_shader (torch 2.6+)")
+                                       "torch.mps.compile_shader (torch 2.7+)")
 @pytest.mark.parametrize("tdtype", ["float32", "float16", "bfloat16"])
 def test_mps_in_stream_equals_the_metal_engine(monkeypatch, tdtype):
     monkeypatch.setattr(torch_stream, "HOST", None)
