@@ -1,8 +1,8 @@
 """What ``mx.fast.metal_kernel`` makes of a name, a header and a body: the
 kernel's name and the whole source it compiles, reproduced from MLX's own
 code (mlx/backend/common/metal_kernel.cpp: ``metal_kernel`` and
-``write_signature``, MLX 0.32; the signature has had this form since the
-feature appeared in 0.17, the name's dtype suffixes since 0.32).
+``write_signature``, MLX 0.32; the signature is written alike in 0.25, the
+name's dtype suffixes are new in 0.32).
 
 Nothing on a Mac uses this: MLX assembles the source itself. It lets
 metal-sim compile and run, on any machine, the text MLX would compile, so
