@@ -92,7 +92,7 @@ class Host:
         """Runs every piece of `plan`; `slots` maps slot names to 1-D
         buffers (flat()); returns it with the outputs added."""
         slots = dict(slots)
-        spare = mx.zeros((_MIN_ELEMENTS,), mx.float32)  # for a score slot the call does not use
+        spare = _spare()  # for a score slot the call does not use
         for index, launch in enumerate(plan.launches):
             spec, fn = self.kernel(launch.kernel, launch.constants)
             inst = spec.instance
@@ -146,6 +146,11 @@ def host() -> Host | None:
                         mx.default_device() != mx.gpu):
         return None
     return HOST
+
+
+@functools.lru_cache(maxsize=None)
+def _spare() -> mx.array:
+    return mx.zeros((_MIN_ELEMENTS,), mx.float32)
 
 
 @functools.lru_cache(maxsize=4096)

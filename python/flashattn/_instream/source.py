@@ -686,7 +686,9 @@ class ShaderSet:
                                 f"*reinterpret_cast<device const {p.element({})}*>({arg});\n")
             else:
                 prologue.append(f"    {p.decl} {p.name} = reinterpret_cast<{p.decl}>({arg});\n")
-        source = "".join(prologue) + "    {" + body + "}\n"
+        # The body at the function's own scope, as in the .metal file: its
+        # threadgroup arrays stay declared at kernel scope.
+        source = "".join(prologue) + body.strip("\n") + "\n"
         name = f"flashattn_{host_name}_{constants_suffix(constants)}"
         return MlxKernel(name, constants_block(constants) + header, source, tuple(inputs),
                          tuple(outputs), inst)
