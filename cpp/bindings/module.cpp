@@ -29,6 +29,7 @@
 
 namespace flashattn {
 void bind_xla_handlers(nanobind::module_& m);  // cpp/bindings/xla_bindings.cpp (flashattn.jax)
+void bind_instream(nanobind::module_& m);      // cpp/bindings/instream_bindings.cpp (issue 35)
 }
 
 #ifdef FLASHATTN_HAVE_METAL
@@ -427,6 +428,7 @@ NB_MODULE(_core, m) {
         return rows;
     });
     bind_xla_handlers(m);
+    bind_instream(m);
     // The cpu engine's instruction-set paths (cpp/cpu/isa.h; issue 13).
     m.def("cpu_isa", &cpu::active_isa, "The cpu engine's instruction-set path in use.");
     m.def("cpu_isas_supported", &cpu::supported_isas, "Paths this CPU runs, best first.");

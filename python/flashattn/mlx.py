@@ -22,7 +22,14 @@ memory), built lazily: computed only when asked for. The metal engine
 computes on a Mac (the default there), the cpu engine elsewhere;
 ``backend=`` picks one.
 
-Copies, every one of them:
+On a Mac whose MLX computes on the GPU (the default there), both run in
+MLX's own stream (``backend=None``; flashattn._instream, docs/metal.md): the
+kernels of the metal engine, compiled by ``mx.fast.metal_kernel`` from the
+shipped shaders, dispatched lazily on MLX's arrays, outputs allocated by
+MLX; nothing is copied to the host and nothing waits. That path works
+under ``mx.compile`` too.
+
+Elsewhere, or with ``backend=`` naming an engine, the host-copy path:
 
 - inputs are read in place: an MLX array in host or unified memory is
   viewed by NumPy through DLPack or the buffer protocol (bfloat16 as its
@@ -33,7 +40,9 @@ Copies, every one of them:
   wrap memory it did not allocate.
 
 Nothing of size T² is made (but for the mask and slope gradients above).
-Being a Python-level function, it is not for ``mx.compile``.
+The host-copy path reads arrays on the CPU, so it cannot run inside
+``mx.compile``: it raises a RuntimeError saying so. Varlen calls always
+take the host-copy path.
 """
 
 from __future__ import annotations
@@ -44,6 +53,8 @@ from . import _api, _args, _wrappers, reference
 from ._wrappers import require as _require
 
 mx = _require("mlx.core", "mlx", "flashattn.mlx")
+
+from ._instream import mlx_stream as _instream  # noqa: E402  (imports mlx)
 
 __all__ = ["attention", "attention_varlen", "scaled_dot_product_attention"]
 
@@ -65,10 +76,50 @@ def _mlx(a: np.ndarray):
 
 
 # ---- The compute: one function per direction ---------------------------------------
-# The only places that reach an engine (bthd layout); issue 35 puts the
-# in-stream Metal path here.
+# The only places that reach an engine (bthd layout): in MLX's stream on a
+# Mac with MLX's GPU (flashattn._instream), else the host-copy path.
+
+def _stream_host(static, cu):
+    """The in-stream host for this call (no engine named, not varlen), or None."""
+    return _instream.host() if static.backend is None and cu is None else None
+
+
+def _host_copy(compute):
+    """compute() on the host-copy path; inside mx.compile, where MLX will not
+    hand arrays to the CPU, a RuntimeError that says why."""
+    try:
+        return compute()
+    except RuntimeError as e:
+        if "function transformations" not in str(e):
+            raise
+        raise RuntimeError(
+            "flashattn.mlx: cannot run inside mx.compile (or mx.vmap) on the host-copy path, "
+            "which reads the arrays on the CPU; flashattn runs in MLX's stream, and so under "
+            "mx.compile, only on a Mac with MLX's GPU and backend=None (here: call it outside "
+            "the compiled function)") from e
+
 
 def _compute_forward(q, k, v, static, alibi, mask, sinks, cu=None):
+    host = _stream_host(static, cu)
+    if host is not None:
+        return _instream.forward(host, q, k, v, causal=static.causal, window=static.window,
+                                 scale=static.scale, softcap=static.softcap,
+                                 alibi_slopes=alibi, mask=mask, sinks=sinks)
+    return _host_copy(lambda: _host_forward(q, k, v, static, alibi, mask, sinks, cu))
+
+
+def _compute_backward(do, q, k, v, o, lse, static, alibi, mask, sinks, cu=None):
+    host = _stream_host(static, cu)
+    if host is not None:
+        return _instream.backward(host, do, q, k, v, o, lse, causal=static.causal,
+                                  window=static.window, scale=static.scale,
+                                  softcap=static.softcap, alibi_slopes=alibi, mask=mask,
+                                  sinks=sinks)
+    return _host_copy(lambda: _host_backward(do, q, k, v, o, lse, static, alibi, mask, sinks,
+                                             cu))
+
+
+def _host_forward(q, k, v, static, alibi, mask, sinks, cu=None):
     score = dict(softcap=static.softcap, alibi_slopes=_numpy(alibi), sinks=_numpy(sinks))
     opts = dict(causal=static.causal, window=static.window, scale=static.scale, return_lse=True,
                 backend=static.backend)
@@ -79,7 +130,7 @@ def _compute_forward(q, k, v, static, alibi, mask, sinks, cu=None):
     return _mlx(o), _mlx(lse)
 
 
-def _compute_backward(do, q, k, v, o, lse, static, alibi, mask, sinks, cu=None):
+def _host_backward(do, q, k, v, o, lse, static, alibi, mask, sinks, cu=None):
     score = dict(softcap=static.softcap, alibi_slopes=_numpy(alibi), sinks=_numpy(sinks))
     opts = dict(causal=static.causal, window=static.window, scale=static.scale,
                 backend=static.backend)

@@ -25,8 +25,15 @@ Devices and copies:
   is contiguous; ``layout="bhtd"`` is a transposed view; bfloat16 is read as
   its int16 bits); outputs are the engine's buffers, wrapped without a copy;
   the GIL is released while the engine runs.
-- MPS tensors (Mac): each input is copied to the CPU once and each output
-  back once (O(B·T·H·D) per call, never O(T²)); the metal engine computes.
+- MPS tensors (Mac), where torch has ``torch.mps.compile_shader`` (2.7 and
+  later) and ``backend=None``: in torch's own MPS stream (flashattn._instream,
+  docs/metal.md): the metal engine's kernels, compiled by torch from the
+  shipped shaders, run on the tensors where they are, outputs allocated by
+  torch; nothing is copied to the host and nothing waits (varlen calls take
+  the copying path below).
+- MPS tensors otherwise (an older torch, ``backend=`` naming an engine, or
+  varlen): each input is copied to the CPU once and each output back once
+  (O(B·T·H·D) per call, never O(T²)); the engine computes.
 - float64 runs on ``flashattn.reference`` (NumPy, float64): slow and exact,
   for ``torch.autograd.gradcheck``.
 """
@@ -39,8 +46,9 @@ import numpy as np
 
 from . import _api, _args, _wrappers, reference
 from ._wrappers import require as _require
-
 torch = _require("torch", "torch", "flashattn.torch")
+
+from ._instream import torch_stream as _instream  # noqa: E402  (imports torch)
 
 from .distributed._torch import ring_attention  # noqa: E402  issue 18: over MPI
 
@@ -79,8 +87,20 @@ def _numpy(x: Optional[Tensor]):
 # Each takes and returns tensors in the bthd layout and is the only place that
 # reaches an engine (issue 35 puts the in-stream MPS path here).
 
+def _stream_host(q, backend, cu_seqlens):
+    """The in-stream MPS host for this call (MPS tensors, torch >= 2.7, no
+    engine named, not varlen, not float64), else None."""
+    if backend is not None or cu_seqlens is not None or q.dtype == torch.float64:
+        return None
+    return _instream.host(q.device)
+
+
 def _compute_forward(q, k, v, causal, window, scale, softcap, alibi, mask, sinks, backend,
                      cu_seqlens=None):
+    host = _stream_host(q, backend, cu_seqlens)
+    if host is not None:  # in torch's MPS stream (flashattn._instream)
+        return _instream.forward(host, q, k, v, causal=causal, window=window, scale=scale,
+                                 softcap=softcap, alibi_slopes=alibi, mask=mask, sinks=sinks)
     args = [_host(x) for x in (q, k, v)]
     score = dict(softcap=softcap, alibi_slopes=_numpy(alibi), sinks=_numpy(sinks))
     if cu_seqlens is None:
@@ -102,6 +122,11 @@ def _compute_forward(q, k, v, causal, window, scale, softcap, alibi, mask, sinks
 
 def _compute_backward(do, q, k, v, o, lse, causal, window, scale, softcap, alibi, mask, sinks,
                       backend, cu_seqlens=None):
+    host = _stream_host(q, backend, cu_seqlens)
+    if host is not None:
+        return _instream.backward(host, do, q, k, v, o, lse, causal=causal, window=window,
+                                  scale=scale, softcap=softcap, alibi_slopes=alibi, mask=mask,
+                                  sinks=sinks)
     args = [_host(x) for x in (do, q, k, v, o, lse)]
     score = dict(softcap=softcap, alibi_slopes=_numpy(alibi), sinks=_numpy(sinks))
     if cu_seqlens is None:
