@@ -29,13 +29,60 @@ def mpi():
 
 def communicator(fn: str, comm):
     """(MPI, comm): comm=None is MPI.COMM_WORLD."""
+    MPI, comm, failure = collective_communicator(fn, comm)
+    if failure is not None:
+        raise failure
+    return MPI, comm
+
+
+def collective_communicator(fn: str, comm):
+    """(MPI, comm, failure) for a collective call: a bad ``comm`` is not
+    raised here, where only this rank would see it and the others would wait
+    for it forever, but returned as ``failure`` with COMM_WORLD in its place,
+    so that the call's agreement (``agree``) raises it on every rank (every
+    rank of COMM_WORLD, the other ranks' communicator when they pass the
+    default)."""
     MPI = mpi()
     if comm is None:
-        return MPI, MPI.COMM_WORLD
+        return MPI, MPI.COMM_WORLD, None
     if not isinstance(comm, MPI.Comm):
-        raise TypeError(f"{fn}: comm must be an mpi4py communicator (mpi4py.MPI.Comm) or None, "
-                        f"got {type(comm).__name__}")
-    return MPI, comm
+        return MPI, MPI.COMM_WORLD, TypeError(
+            f"{fn}: comm must be an mpi4py communicator (mpi4py.MPI.Comm) or None, got "
+            f"{type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        return MPI, MPI.COMM_WORLD, ValueError(f"{fn}: comm is MPI.COMM_NULL, which no rank "
+                                               "belongs to")
+    return MPI, comm, None
+
+
+_KINDS = (TypeError, ValueError, RuntimeError)
+
+
+def agree(fn: str, comm, local, failure: BaseException | None = None) -> list:
+    """Every rank's ``local()`` (this rank's own checks), in rank order, from
+    one allgather: if any rank's checks failed (or it brings a ``failure``
+    found before), every rank raises that rank's error, naming it, instead
+    of the others waiting for it forever. Errors travel as a built-in class
+    (TypeError, ValueError, else RuntimeError) and a message, which pickle."""
+    mine = (None, None)
+    if failure is None:
+        try:
+            mine = (None, local())
+        except Exception as e:  # noqa: BLE001  every rank must hear of it
+            failure = e
+    if failure is not None:
+        kind = next((c for c in _KINDS if isinstance(failure, c)), None)
+        message = str(failure) if kind else f"{type(failure).__name__}: {failure}"
+        mine = ((kind or RuntimeError, message), None)
+    everyone = comm.allgather(mine)
+    size = len(everyone)
+    for r, (error, _) in enumerate(everyone):
+        if error is not None:
+            kind, message = error
+            where = f"rank {r} of {size}"
+            raise kind(f"{message} (on {where})" if message.startswith(fn) else
+                       f"{fn} ({where}): {message}")
+    return [result for _, result in everyone]
 
 
 def raw(x: np.ndarray) -> np.ndarray:
@@ -68,12 +115,17 @@ def shard(fn: str, comm, x, layout: str, axis) -> np.ndarray:
     return np.array(part, order="C", copy=True)  # the full array need not stay alive
 
 
-def gather(fn: str, MPI, comm, x, layout: str, axis) -> np.ndarray:
-    """The full array on every rank from each rank's part (Allgatherv)."""
-    layout = plan.check_layout(fn, layout)
-    x = _args.array(fn, "x_local", x)
-    axis = _axis(fn, axis, x.ndim)
-    metas = comm.allgather((x.shape, x.dtype.str))
+def gather(fn: str, MPI, comm, x, layout: str, axis, failure=None) -> np.ndarray:
+    """The full array on every rank from each rank's part (Allgatherv); this
+    rank's argument checks (and ``failure``, a bad comm) are agreed on first."""
+    def local():
+        nonlocal x, axis
+        plan.check_layout(fn, layout)
+        x = _args.array(fn, "x_local", x)
+        axis = _axis(fn, axis, x.ndim)
+        return x.shape, x.dtype.str
+
+    metas = agree(fn, comm, local, failure)
     shape0, dtype0 = metas[0]
     for r, (shape, dtype) in enumerate(metas):
         others = shape[:axis] + shape[axis + 1:]

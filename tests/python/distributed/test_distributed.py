@@ -133,6 +133,41 @@ def test_a_bad_argument_on_one_rank_raises_on_every_rank():
 
 
 @needs_mpi
+def test_an_argument_bad_before_the_agreement_raises_on_every_rank():
+    """Issue 32 item 4: a bad comm, gather axis or layout, or a torch call
+    given a NumPy array or another dtype on rank 1 alone raised there and left
+    rank 0 waiting forever (the launch timed out). Now each raises the same
+    error on both ranks, naming rank 1; bfloat16 tensors run."""
+    pytest.importorskip("torch", reason="torch is in the torch extra (CI installs it)")
+    r = _launch(2, "--bad-args-collective", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    expect = {
+        "numpy comm": "TypeError: ring_attention: comm must be an mpi4py communicator "
+                      "(mpi4py.MPI.Comm) or None, got str (on rank 1 of 2)",
+        "numpy backward comm": "TypeError: ring_attention_backward: comm must be an mpi4py "
+                               "communicator (mpi4py.MPI.Comm) or None, got int (on rank 1 of 2)",
+        "gather comm": "TypeError: gather: comm must be an mpi4py communicator",
+        "gather axis": "ValueError: gather: axis 9 is out of range for an array of 4 "
+                       "dimensions (on rank 1 of 2)",
+        "gather layout": "ValueError: gather: layout",
+        "torch numpy": "TypeError: ring_attention (rank 1 of 2): flashattn.torch.ring_attention: "
+                       "q must be a torch.Tensor, got ndarray",
+        "torch bfloat16": "ValueError: ring_attention: the ranks disagree on dtypes",
+        "torch comm": "TypeError: ring_attention: comm must be an mpi4py communicator",
+    }
+    for what, want in expect.items():
+        mine = [line.split(": ", 1)[1] for line in lines
+                if line.startswith(("rank 0 ", "rank 1 ")) and line.split(": ", 1)[0][7:] == what]
+        assert len(mine) == 2, (what, r.stdout)
+        assert mine[0] == mine[1], f"{what}: the ranks raised different errors: {mine}"
+        assert mine[0].startswith(want), (what, mine[0])
+    for rank in (0, 1):
+        assert (f"rank {rank} torch bfloat16 everywhere: torch.bfloat16 same as numpy: True"
+                in lines), r.stdout
+
+
+@needs_mpi
 def test_the_readme_demo_runs():
     """The README's command, smaller: each rank's line, and the error against
     one process under the demo's limit."""
