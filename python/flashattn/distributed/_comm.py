@@ -7,6 +7,8 @@ along one axis in either layout."""
 from __future__ import annotations
 
 import numbers
+import os
+import sys
 
 import numpy as np
 
@@ -43,6 +45,8 @@ def collective_communicator(fn: str, comm):
     rank of COMM_WORLD, the other ranks' communicator when they pass the
     default)."""
     MPI = mpi()
+    if comm is None or (isinstance(comm, MPI.Comm) and comm == MPI.COMM_WORLD):
+        check_launch(fn, MPI)
     if comm is None:
         return MPI, MPI.COMM_WORLD, None
     if not isinstance(comm, MPI.Comm):
@@ -53,6 +57,65 @@ def collective_communicator(fn: str, comm):
         return MPI, MPI.COMM_WORLD, ValueError(f"{fn}: comm is MPI.COMM_NULL, which no rank "
                                                "belongs to")
     return MPI, comm, None
+
+
+# What each launcher tells its processes: (variable, launcher, is it a size
+# (else a rank: rank r means at least r + 1 ranks)).
+_LAUNCH_VARIABLES = (
+    ("PMI_SIZE", "MPICH's or Intel MPI's mpiexec (PMI)", True),
+    ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun", True),
+    ("MPI_LOCALNRANKS", "MPICH's mpiexec (Hydra)", True),
+    ("MV2_COMM_WORLD_SIZE", "MVAPICH's mpirun", True),
+    ("PMI_RANK", "MPICH's or Intel MPI's mpiexec (PMI)", False),
+    ("OMPI_COMM_WORLD_RANK", "Open MPI's mpirun", False),
+    ("PMIX_RANK", "a PMIx launcher (Open MPI, srun --mpi=pmix)", False),
+)
+
+
+def launched_as(environ=None) -> tuple[int, str, str]:
+    """(P, variable, launcher): the most ranks the launchers' environment
+    variables say this process was started among (1, "", "" when none
+    does)."""
+    environ = os.environ if environ is None else environ
+    best = (1, "", "")
+    for name, launcher, is_size in _LAUNCH_VARIABLES:
+        try:
+            n = int(environ.get(name, ""))
+        except ValueError:
+            continue
+        n = n if is_size else n + 1
+        if n > best[0]:
+            best = (n, f"{name}={environ[name]}", launcher)
+    return best
+
+
+def check_launch(fn: str, MPI) -> None:
+    """Refuses to run the ring as one of P independent singletons: when the
+    launcher's environment says this process is one of P > 1 ranks but
+    MPI.COMM_WORLD has one rank (mpi4py's MPI library is not the one whose
+    mpiexec started the ranks: each would compute the whole problem alone),
+    RuntimeError naming both and the fix. A communicator passed explicitly
+    other than COMM_WORLD (MPI.COMM_SELF: alone on purpose) is not
+    checked."""
+    if MPI.COMM_WORLD.Get_size() != 1:
+        return
+    ranks, variable, launcher = launched_as()
+    if ranks <= 1:
+        return
+    try:
+        library = MPI.Get_library_version().strip().splitlines()[0]
+    except Exception:  # noqa: BLE001  only for the message
+        library = "unknown"
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    raise RuntimeError(
+        f"{fn}: MPI launch mismatch: the environment says this process is one of at least "
+        f"{ranks} ranks ({variable}, set by {launcher}), but MPI.COMM_WORLD has 1 rank, so "
+        "every rank would compute the whole problem alone. mpi4py is using another MPI "
+        f"library ({library}) than the mpiexec that started this process. Start the ranks "
+        "with the mpiexec of mpi4py's MPI library"
+        + (f" ({beside}, the mpich wheel's)" if os.path.exists(beside) else "")
+        + ", or rebuild mpi4py against the system MPI (pip install --no-binary mpi4py "
+        "mpi4py); to run one process alone on purpose, pass comm=MPI.COMM_SELF.")
 
 
 _KINDS = (TypeError, ValueError, RuntimeError)
