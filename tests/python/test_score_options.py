@@ -271,6 +271,30 @@ def test_strided_inputs_with_options(backend):
     np.testing.assert_array_equal(got, want)
 
 
+def test_a_float_mask_of_odd_strides_is_an_error_naming_mask():
+    """Issue 32 item 11: a float32 field of a structured array (5-byte
+    strides: float32 + bool) as the mask reached the extension, which
+    answered with nanobind's signature dump. Now a ValueError names mask,
+    the strides and the fix, on every engine and the reference."""
+    case = Case(1, 5, 6, 2, 2, 8)
+    q, k, v, do = inputs(case, seed=52)
+    packed = np.zeros((5, 6), dtype=[("bias", np.float32), ("keep", np.bool_)])
+    mask = packed["bias"]
+    assert mask.strides == (30, 5)
+    message = r"attention\w*: mask must be aligned with strides that are whole float32 elements"
+    lse = np.zeros((1, 2, 5), np.float32)
+    for backend in fa.backends():
+        with pytest.raises(ValueError, match=message):
+            fa.attention(q, k, v, mask=mask, backend=backend)
+        with pytest.raises(ValueError, match=message):
+            fa.attention_backward(do, q, k, v, q, lse, mask=mask, backend=backend)
+    with pytest.raises(ValueError, match=message):
+        fa.reference.attention(q, k, v, mask=mask)
+    # The fix the message gives works, and equals the mask's values read anew.
+    fixed = fa.attention(q, k, v, mask=np.ascontiguousarray(mask))
+    np.testing.assert_array_equal(fixed, fa.attention(q, k, v, mask=np.zeros((5, 6), np.float32)))
+
+
 def test_batch_of_zero_with_per_batch_alibi_slopes(backend):
     """Issue 32 item 10: B = 0 with alibi_slopes of shape (B, H) = (0, H)
     raised a spurious ValueError; empty outputs now, as with (H,) slopes."""
