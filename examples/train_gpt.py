@@ -5,6 +5,7 @@ and compare the loss curves, step times and peak memory.
     pip install ".[torch]"            # and matplotlib for --plot
     python examples/train_gpt.py --plot losses.png
     python examples/train_gpt.py --steps 20 --seq 64   # a quick look
+    python examples/train_gpt.py --dtype bf16          # both in bfloat16 (autocast)
 
 The same as `python -m flashattn train`. The model and the loop are in
 flashattn/cli/train.py; the one line that matters is the attention call:

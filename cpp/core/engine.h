@@ -14,6 +14,8 @@
 
 namespace flashattn {
 
+class SelfTest;  // core/selftest.h
+
 // The arrays of the score options (FlashParams.score_mods says which are
 // given; the others are null) and their values.
 struct ScoreInputs {
@@ -82,6 +84,14 @@ public:
         (void)backward;
         return 0;
     }
+
+    // Non-empty when the engine must not be used any more in this process
+    // (its self-test failed: core/selftest.h): the registry then leaves it
+    // out of the available engines, with this reason.
+    virtual std::string unusable_reason() const { return {}; }
+
+    // The engine's self-test (core/selftest.h), where it runs one.
+    virtual SelfTest* selftest() const { return nullptr; }
 
     // The dtypes this engine's kernels take (float32 always); run_forward
     // and run_backward refuse a call in any other, naming engine and dtype.

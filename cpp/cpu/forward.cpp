@@ -293,14 +293,19 @@ public:
             return;  // the mask hides every score of this block
         const ModsEpilogue mod{mods_.active ? &mods_ : nullptr, j0, i0, bias, BQ};
         const bool full = block_inside_band(p_, R0, R0 + nq, j0, j0 + nk, g);
+        // Some row does not see some key of the block: the band cuts it, or
+        // the mask hides an entry (the mask tile is keys x queries, -inf
+        // there): an inf or NaN in V must stay out of those rows.
+        const float* hidden = bias && any_hidden(bias, nk, nq, BQ) ? bias : nullptr;
+        const bool cut = !full || hidden;
         // K rows are the broadcast operand of S^T = K Q^T, V rows the B
         // operand of P V (KeyBlock). AMX reads bfloat16 K and V rows as they
-        // are (V unless a masked block meets an inf or NaN in it: that takes
+        // are (V unless a cut block meets an inf or NaN in it: that takes
         // the ranged float32 product below).
         kb.prepare();
         bool amx_pv = false;
         if constexpr (kAmxScores<T>)
-            amx_pv = amx_ && (full || all_finite(v0_ + j0 * p_.v.t, nk, D, p_.v.t));
+            amx_pv = amx_ && (!cut || all_finite(v0_ + j0 * p_.v.t, nk, D, p_.v.t));
         const float* Vb = kb.V;
         int64_t ldv = kb.ldv;
         const float* Kb = kb.K;
@@ -320,7 +325,7 @@ public:
         // the P V product takes each row's own keys only (gemm_ranged).
         int klo[kBlockQ], khi[kBlockQ];
         bool v_finite = true;
-        if (!full) {
+        if (cut) {
             for (int j = 0; j < nk; ++j) key_columns(p_, j0 + j, R0, nq, lo[j], hi[j], g);
             for (int r = 0; r < nq; ++r) row_keys(p_, R0 + r, j0, nk, klo[r], khi[r], g);
             v_finite = amx_pv || all_finite(Vb, nk, D, ldv);
@@ -347,7 +352,7 @@ public:
         if (v_finite)
             accumulate_pv(j0, nk, ST, Vb, ldv, corr, amx_pv, full ? nullptr : klo, khi);
         else
-            gemm_ranged<true>(nq, Dp, klo, khi, ST, BQ, Vb, ldv, O_, Dp, corr, true);
+            gemm_ranged<true>(nq, Dp, klo, khi, ST, BQ, Vb, ldv, O_, Dp, corr, true, hidden, 1, BQ);
         have_max_ = true;
         for (int r = 0; r < nq; ++r) have_max_ &= m_[r] != -simd::kInf;
     }
@@ -517,6 +522,7 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
                                                     n_blocks - 1)
                               : 0;
     for (int64_t n = 0; n < n_blocks; ++n) {
+        stop_if_interrupted();  // a tile may face a million keys
         const int64_t kb = n <= first ? first - n : n;  // first, first - 1, ..., 0, first + 1, ...
         const int64_t j0 = keys.begin + kb * kBlockK;
         if (n + 1 < n_blocks && !tile.alibi()) {  // the next block, while this one computes
@@ -554,6 +560,7 @@ void forward_group(const FlashParams& p, const ForwardIO& io, const QueryTile* t
         end = std::max(end, ends.back());
     }
     for (int64_t j0 = begin; j0 < end; j0 += kBlockK) {
+        stop_if_interrupted();
         if (j0 + kBlockK < end) {  // the next block, while this one computes
             const int64_t j1 = j0 + kBlockK;
             states[0].prefetch(j1, int(std::min<int64_t>(kBlockK, end - j1)));
@@ -573,8 +580,9 @@ void forward_group(const FlashParams& p, const ForwardIO& io, const QueryTile* t
 // each; every chunk leaves each of its tiles a partial o and lse, and a
 // second pass merges them exactly (cpu/merge.h,
 // fa.merge_states' formula). The split depends on the shape alone, never on
-// the thread count, so neither do the results.
-constexpr int64_t kTargetTasks = 16;
+// the thread count, so neither do the results. Four tasks per core of a
+// 16-core machine: with 16, one late thread held up the whole call.
+constexpr int64_t kTargetTasks = 64;
 constexpr int64_t kSplitMinKeys = 512;
 constexpr size_t kDecodeStateBytes = 512 << 10;
 // Keys per step when a task carries several kv heads: the heads' rows of a
@@ -761,6 +769,7 @@ private:
         float* V = together ? scratch(size_t(n) * kDecodeBlockK * Dp, 14) : nullptr;
         const int step_keys = amx_scores<T>(p) ? kDecodeAmxBlockK : kDecodeBlockK;
         for (int64_t j0 = keys.begin; j0 < keys.end; j0 += step_keys) {
+            if ((j0 - keys.begin) % kBlockK == 0) stop_if_interrupted();  // each kBlockK keys
             const int nk = int(std::min<int64_t>(step_keys, keys.end - j0));
             if (together) decode_rows<T>(p, io, x0.b, x0.head0 / p.group, int(n), j0, nk, K, V);
             for (int64_t i = 0; i < n; ++i) {

@@ -211,18 +211,42 @@ inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* 
 }
 
 // gemm without an epilogue in which row r of C contracts over its own range
-// [lo[r], hi[r]) of K only. Where the entries of A outside the ranges are
+// [lo[r], hi[r]) of K only, less the k a mask hides from it: with `hidden`
+// (the mask tile, -inf where hidden: entry (r, k) at hidden[r * hr + k * hk]),
+// those are left out too. Where the entries of A outside a row's visible k are
 // masked zeros, this is the same product, except that an inf or NaN in B
-// facing a masked zero stays out of C (0 * inf would be NaN). Slow (one row
-// at a time): for the rare tiles that hold such values.
+// facing a masked zero stays out of C (0 * inf would be NaN). Slow (one row,
+// and one run of visible k, at a time): for the rare tiles that hold such values.
 template <bool TA>
 inline void gemm_ranged(int M, int N, const int* lo, const int* hi, const float* A, int64_t lda,
                         const float* B, int64_t ldb, float* C, int64_t ldc,
-                        const float* rowscale, bool accumulate) {
+                        const float* rowscale, bool accumulate, const float* hidden = nullptr,
+                        int64_t hr = 0, int64_t hk = 0) {
+    auto run = [&](int r, int k0, int k1, bool first) {
+        gemm<TA>(1, N, k1 - k0, TA ? A + k0 * lda + r : A + r * lda + k0, lda, B + k0 * ldb,
+                 ldb, C + r * ldc, ldc, first && rowscale ? rowscale + r : nullptr,
+                 accumulate || !first);
+    };
     for (int r = 0; r < M; ++r) {
         const int k0 = lo[r], k1 = hi[r] > lo[r] ? hi[r] : lo[r];
-        gemm<TA>(1, N, k1 - k0, TA ? A + k0 * lda + r : A + r * lda + k0, lda, B + k0 * ldb,
-                 ldb, C + r * ldc, ldc, rowscale ? rowscale + r : nullptr, accumulate);
+        if (!hidden) {
+            run(r, k0, k1, true);
+            continue;
+        }
+        auto hides = [&](int k) { return hidden[r * hr + k * hk] == -simd::kInf; };
+        bool first = true;
+        for (int k = k0; k < k1;) {
+            if (hides(k)) {
+                ++k;
+                continue;
+            }
+            int e = k + 1;
+            while (e < k1 && !hides(e)) ++e;
+            run(r, k, e, first);
+            first = false;
+            k = e;
+        }
+        if (first) run(r, k0, k0, true);  // nothing visible: C = C * rowscale (or 0)
     }
 }
 

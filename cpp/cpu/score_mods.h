@@ -80,7 +80,8 @@ inline vf tanh(vf x) {
 // softmax. Score (i, j) of query row i and key j becomes
 //   s = softcap * tanh(s / softcap)        (softcap > 0)
 //   s = s - slope * |i + Tk - Tq - j|      (ALiBi)
-//   s = s + bias(i, j)                     (the mask, as a tile of 0 / -inf / values)
+//   s = s + bias(i, j)                     (the mask, as a tile of 0 / -inf / values;
+//                                           -inf where it is -inf, whatever s)
 struct ScoreMods {
     bool active = false;  // any of the three: else the scores pass untouched
     float softcap = 0.0f, inv_softcap = 0.0f;
@@ -134,10 +135,15 @@ struct ScoreMods {
                 }
         }
         if (bias) {
+            // A -inf entry hides the key: the score is -inf whatever it was
+            // (NaN or +inf from a k holding one included), not s + (-inf).
 #pragma GCC unroll 16
             for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 16
-                for (int v = 0; v < NV; ++v) c[r][v] += simd::load(bias + r * ld + v * W);
+                for (int v = 0; v < NV; ++v) {
+                    const vf x = simd::load(bias + r * ld + v * W);
+                    c[r][v] = simd::select(x == simd::splat(-simd::kInf), x, c[r][v] + x);
+                }
         }
     }
 };

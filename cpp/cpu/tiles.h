@@ -68,6 +68,15 @@ inline bool row_sees_keys(const FlashParams& p, int64_t i, int g = 1) {
            fa_key_end(i / g, p.Tq, p.Tk, p.window_right);
 }
 
+// True when the mask tile (rows x cols of it, row stride ld; -inf where the
+// mask hides the score) hides at least one entry.
+inline bool any_hidden(const float* bias, int rows, int cols, int64_t ld) {
+    for (int r = 0; r < rows; ++r)
+        for (int c = 0; c < cols; ++c)
+            if (bias[r * ld + c] == -std::numeric_limits<float>::infinity()) return true;
+    return false;
+}
+
 // True when no element of the rows x cols block (row stride ld) is inf or
 // NaN: masked tiles then need no care for 0 * inf.
 inline bool all_finite(const float* x, int rows, int cols, int64_t ld) {

@@ -158,8 +158,14 @@ def test_varlen_refuses_bad_prefix_sums(cu, message):
 
 def test_varlen_refuses_other_dtypes_and_short_max_seqlen():
     q, k, v, do, cu_q, cu_k = make("mixed")
-    with pytest.raises(TypeError, match="cu_seqlens_k must be int32, got int64"):
-        fa.attention_varlen(q, k, v, cu_q, cu_k.astype(np.int64))
+    with pytest.raises(TypeError, match=r"cu_seqlens_k must be int32 \(or integers that fit "
+                                        r"it\), got float32"):
+        fa.attention_varlen(q, k, v, cu_q, cu_k.astype(np.float32))
+    too_big = cu_k.astype(np.int64)
+    too_big[-1] += 2**32
+    with pytest.raises(ValueError, match=rf"cu_seqlens_k must fit int32, got values from 0 to "
+                                         rf"{too_big[-1]}"):
+        fa.attention_varlen(q, k, v, cu_q, too_big)
     with pytest.raises(ValueError, match=r"max_seqlen_k = 39 is shorter than the longest sequence \(40\)"):
         fa.attention_varlen(q, k, v, cu_q, cu_k, max_seqlen_k=39)
     with pytest.raises(ValueError, match=r"q must have 3 dimensions \(total_q, heads, D\)"):

@@ -1,6 +1,8 @@
 """`python -m flashattn info`: what this installation is and what it runs on
--- versions, platform, the CPU (model, cores, extensions), engines, and the
-cpu engine's instruction-set path (the one in use, the ones this CPU
+-- versions, platform, the CPU (model, cores, extensions), engines (and why
+any is left out: not built here, did not start, or failed its self-test),
+the GPU engines' self-test so far, and the cpu engine's instruction-set
+path (the one in use, the ones this CPU
 supports, the ones built in)."""
 
 from __future__ import annotations
@@ -27,7 +29,17 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"python {platform.python_version()}, numpy {np.__version__}, "
           f"{platform.system()} {platform.machine()}")
     print(machine.summary(machine.describe()))
+    from .. import _core, _engines
+
     print(f"engines, best first: {', '.join(fa.backends())}")
+    for name, (reason, _failed) in _engines.missing().items():
+        print(f"engine left out: {name}: {reason}")
+    for name in fa.backends():
+        stats = _core._selftest_stats(name)
+        if stats is not None:
+            print(f"{name} self-test: {stats['pipelines']} pipelines passed in {stats['probes']} "
+                  f"known-answer calls, {stats['seconds']:.3f} s so far "
+                  f"(FLASHATTN_METAL_SELFTEST=0 turns it off)")
     print(f"cpu engine threads: {fa.get_num_threads()}")
     try:
         isa = fa.cpu_isa()

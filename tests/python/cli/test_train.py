@@ -36,7 +36,19 @@ def test_short_training_run_compares_both_attentions():
     assert re.search(r"step time, median \(ms\)\s+[\d.]+\s+[\d.]+", text), text
     assert re.search(r"peak RSS \(MiB\)\s+\d+\s+\d+", text), text
     assert re.search(r"attention calls \(forward\)\s+24\s+24", text), text  # 2 layers x 12
+    assert re.search(r"attention inputs\s+float32\s+float32", text), text
     assert "12/12" in out.stderr  # the progress bar reached the end
+
+
+def test_bfloat16_training_runs_both_attentions_in_bfloat16():
+    out = _run([sys.executable, "-m", "flashattn", "train", *SHORT, "--dtype", "bf16"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "bfloat16 (autocast)" in out.stdout
+    final = re.search(r"final loss: flashattn ([\d.]+), sdpa ([\d.]+); relative difference "
+                      r"([\d.e+-]+) \(within 0.02\)", out.stdout)
+    assert final, out.stdout
+    assert re.search(r"attention calls \(forward\)\s+24\s+24", out.stdout), out.stdout
+    assert re.search(r"attention inputs\s+bfloat16\s+bfloat16", out.stdout), out.stdout
 
 
 def test_plot_writes_both_loss_curves_to_a_png(tmp_path):

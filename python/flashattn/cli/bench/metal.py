@@ -12,10 +12,17 @@ GFLOP/s and the ratios MLX / metal and cpu / metal (> 1: metal is faster).
 FLOPs as in the cpu bench: forward 4*B*H*Tq*Tk*D, halved for causal;
 backward 2.5x forward.
 
+Then, with MLX, the in-stream section (instream.py): a small transformer's
+training step with flashattn.mlx running in MLX's own stream against the
+same model on ``mx.fast.scaled_dot_product_attention``, time and peak
+memory at T = 1k-16k (``--seqs``).
+
 Without the metal engine (not macOS on Apple silicon, or built without the
-Metal toolchain) it says so and exits with status 2: there is nothing to
-measure. Without MLX (``pip install mlx``) it times the two flashattn
-engines only.
+Metal toolchain) it says so and exits with status 2: there is nothing of
+the GPU to measure. With MLX it still runs the in-stream section as far as
+metal-sim allows (T = 64, or ``--sim-seqs``), saying that the figures are
+the simulator's. Without MLX (``pip install mlx``) it times the two
+flashattn engines only.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import sys
 
 import numpy as np
 
+from . import instream
 from .cpu import forward_flops, interleaved
 from .output import Column, Progress, Report, Table, ms_runs
 
@@ -146,6 +154,11 @@ def main(argv=None) -> int:
     parser.add_argument("--repeat", type=int, default=5, help="timed runs per case (>= 5)")
     parser.add_argument("--json", metavar="FILE", help="also write every figure, each run's "
                         "time and the machine's description to FILE (JSON)")
+    parser.add_argument("--seqs", type=_seqs, default=instream.MAC_SEQS,
+                        help="sequence lengths of the in-stream training step on a Mac "
+                             "(comma-separated; default 1024,...,16384)")
+    parser.add_argument("--sim-seqs", type=_seqs, default=instream.SIM_SEQS,
+                        help="the same without Metal, on metal-sim (default 64)")
     args = parser.parse_args(argv)
     if args.repeat < 5:
         parser.error("--repeat must be at least 5")
@@ -156,6 +169,8 @@ def main(argv=None) -> int:
         print("cannot run the Metal benchmark: the metal engine is not available here "
               f"(engines: {', '.join(fa.backends())}). It needs macOS 14+ on Apple silicon and a "
               "build with the Metal toolchain; see docs/metal.md.", file=sys.stderr)
+        if _have_mlx():
+            instream.main(args.sim_seqs, args.repeat, on_sim=True)
         return 2
     try:
         import mlx.core as mx
@@ -176,4 +191,30 @@ def main(argv=None) -> int:
     report.add(metal_table(rows, mx is not None))
     report.print()
     report.write_json(args.json)
+    if mx is not None:
+        from ..._instream import mlx_stream
+
+        if mlx_stream.host() is not None:
+            instream.main(args.seqs, args.repeat, on_sim=False)
+        else:
+            print("\nno in-stream section: MLX's Metal back end is not in use here "
+                  f"(default device {mx.default_device()})")
     return 0
+
+
+def _seqs(text: str) -> tuple:
+    try:
+        seqs = tuple(int(t) for t in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated lengths, got {text!r}")
+    if not seqs or min(seqs) < 1:
+        raise argparse.ArgumentTypeError(f"lengths must be positive, got {text!r}")
+    return seqs
+
+
+def _have_mlx() -> bool:
+    try:
+        import mlx.core  # noqa: F401
+    except ImportError:
+        return False
+    return True
