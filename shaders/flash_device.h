@@ -10,28 +10,16 @@
 using namespace metal;
 
 FA_FUNCTION_CONSTANT(bool, fa_head_full, FA_FC_HEAD_FULL)
-FA_FUNCTION_CONSTANT(bool, fa_head_vec4, FA_FC_HEAD_VEC4)
+FA_FUNCTION_CONSTANT(bool, fa_head_vec16, FA_FC_HEAD_VEC16)
 FA_FUNCTION_CONSTANT(int, fa_score_mods, FA_FC_SCORE_MODS)
 
 typedef simdgroup_matrix<float, 8, 8> fa_frag;
 
 // The storage type T of q, k, v, o, do and the gradients (issue 15): float,
 // half or bfloat (MSL 3.1), a template parameter of every tiled kernel.
-// Staged tiles hold T; fragments, scores, softmax statistics and every
-// accumulator are float32; results are rounded to T once, when written.
-// A tile that must be scaled (the dK/dV kernel's q) takes the scale at
-// staging only when T is float (x * scale is then exactly the float the
-// fragment holds); a 16-bit tile keeps x and its fragment loads multiply,
-// since rounding x * scale to 16 bits would change the scores the backward
-// must recompute bit for bit.
-template <class T>
-struct FaStorage {
-    static FA_INLINE bool scaled_in_tile() { return false; }
-};
-template <>
-struct FaStorage<float> {
-    static FA_INLINE bool scaled_in_tile() { return true; }
-};
+// Staged tiles hold T as it is in memory; fragments, scores, softmax
+// statistics and every accumulator are float32; results are rounded to T
+// once, when written.
 
 // The threadgroup's position in the whole launch: its position in the
 // dispatched piece plus the piece's origin (FlashParams::group_offset_*).
@@ -97,29 +85,6 @@ FA_INLINE float2 fa_load_pair(device const T* row, int c, int n) {
     return float2(c < n ? float(row[c]) : 0.0f, 0.0f);
 }
 
-// Four consecutive elements as floats, by one vector load where MSL has
-// the packed type (packed_float4, packed_half4 need only the elements' own
-// alignment); bfloat, which has no packed vector in MSL 3.1, element by
-// element. The C++ side reads them one by one: the same values, without
-// reinterpreting an array as vectors.
-FA_INLINE float4 fa_load4(device const float* p) {
-#ifdef __METAL_VERSION__
-    return float4(*reinterpret_cast<device const packed_float4*>(p));
-#else
-    return float4(p[0], p[1], p[2], p[3]);
-#endif
-}
-FA_INLINE float4 fa_load4(device const half* p) {
-#ifdef __METAL_VERSION__
-    return float4(half4(*reinterpret_cast<device const packed_half4*>(p)));
-#else
-    return float4(float(p[0]), float(p[1]), float(p[2]), float(p[3]));
-#endif
-}
-FA_INLINE float4 fa_load4(device const bfloat* p) {
-    return float4(float(p[0]), float(p[1]), float(p[2]), float(p[3]));
-}
-
 // A fragment of a staged tile: element (r, c) is src[r * ld + c], or with
 // `transpose` src[c * ld + r], as float. A float tile is one simdgroup_load;
 // a 16-bit tile is read by each lane at its two elements (Apple's layout,
@@ -168,49 +133,79 @@ FA_INLINE void fa_store_row(device T* out, const thread fa_frag (&A)[N8], int c0
     }
 }
 
-// Copies `rows` rows of HD columns (the first D of each from `src`, rows
-// `pitch` elements apart, times `scale`; zeros past D and past `rows`) into
-// a staged tile of STAGE rows of pitch FA_LD(HD), in the input's type T
-// (a 16-bit tile is staged with scale 1: FaStorage). All threads of the
-// group take part. Returns whether this thread staged a NaN or an inf.
-template <int HD, int STAGE, class T>
-FA_INLINE bool fa_stage(threadgroup T* tile, device const T* src, fa_long pitch, int rows,
-                        int D, float scale, uint tid) {
-    const int quads = HD / 4;
-    bool nonfinite = false;
-    for (int e = int(tid); e < STAGE * quads; e += FA_THREADS) {
-        const int r = e / quads;
-        const int c = (e - r * quads) * 4;
-        float4 x = float4(0.0f);
-        if (r < rows) {
-            device const T* row = src + fa_long(r) * pitch;
-            if (fa_head_vec4 && c < D) {
-                x = fa_load4(row + c);
-            } else {
-                for (int i = 0; i < 4; ++i) x[i] = c + i < D ? float(row[c + i]) : 0.0f;
-            }
-        }
-        threadgroup T* dst = tile + r * FA_LD(HD) + c;
-        for (int i = 0; i < 4; ++i) {
-            const float y = x[i] * scale;
-            dst[i] = T(y);
-            nonfinite = nonfinite || !isfinite(y);
-        }
-    }
-    return nonfinite;
+// 16 bytes of T, aligned as T: the unit one thread moves per staging step
+// (MLX's BlockLoaderT reads its tiles so). Any row start will do.
+template <class T>
+struct FaVec16 {
+    T e[FA_VEC16(T)];
+};
+
+// dst[0, V) = src[0, V) (V = FA_VEC16(T)): one 16-byte load and store on the
+// GPU. The C++ side (metal-sim, the gate's proxy) copies the elements: the
+// same bytes, without reading an array as a struct.
+template <class T>
+FA_ALWAYS_INLINE void fa_copy16(threadgroup T* dst, device const T* src) {
+#ifdef __METAL_VERSION__
+    *reinterpret_cast<threadgroup FaVec16<T>*>(dst) = *reinterpret_cast<device const FaVec16<T>*>(src);
+#else
+    for (int i = 0; i < FA_VEC16(T); ++i) dst[i] = src[i];
+#endif
+}
+template <class T>
+FA_ALWAYS_INLINE void fa_zero16(threadgroup T* dst) {
+#ifdef __METAL_VERSION__
+    *reinterpret_cast<threadgroup FaVec16<T>*>(dst) = FaVec16<T>{};
+#else
+    for (int i = 0; i < FA_VEC16(T); ++i) dst[i] = T(0.0f);
+#endif
 }
 
-// Whether any thread of the group staged a NaN or an inf: each SIMD group
-// posts its answer before the barrier that ends the staging, and everyone
-// reads all of them after it (`flags` holds one int per SIMD group).
-FA_INLINE void fa_post_nonfinite(threadgroup int* flags, bool mine, uint sg, uint lane) {
-    const int any = simd_max(mine ? 1 : 0);
-    if (lane == 0) flags[sg] = any;
+// Copies `rows` rows of a block (row r at src + r * pitch, its first D
+// elements) into a staged tile of STAGE rows of pitch FA_LD(HD), as they
+// are: 16 bytes at a time, no conversion, no scaling, no test of the values
+// (a NaN or inf is found where it matters: fa_leaked). Columns [D, HD) and
+// rows past `rows` are written zero, so padding adds nothing to a product.
+// THREADS threads (the whole group) take part, each moving at most
+// ceil(vectors / THREADS) of them (a loop of fixed length).
+template <int HD, int STAGE, int THREADS, class T>
+FA_INLINE void fa_stage(threadgroup T* tile, device const T* src, fa_long pitch, int rows, int D,
+                        uint tid) {
+    const int V = FA_VEC16(T);
+    const int per_row = HD / V;
+    const int vectors = STAGE * per_row;
+    FA_UNROLL
+    for (int i = 0; i < (vectors + THREADS - 1) / THREADS; ++i) {
+        const int e = i * THREADS + int(tid);
+        if (vectors % THREADS != 0 && e >= vectors) break;
+        const int r = e / per_row;
+        const int c = (e - r * per_row) * V;
+        threadgroup T* dst = tile + r * FA_LD(HD) + c;
+        device const T* row = src + fa_long(r) * pitch + c;
+        if (r < rows && (fa_head_vec16 || c + V <= D)) {
+            if (fa_head_full || c < D) fa_copy16(dst, row);
+            else fa_zero16(dst);
+        } else if (r >= rows || c >= D) {
+            fa_zero16(dst);
+        } else {  // the vector holding column D - 1 when D is not a multiple of V
+            for (int k = 0; k < V; ++k) dst[k] = c + k < D ? row[k] : T(0.0f);
+        }
+    }
 }
-FA_INLINE bool fa_any_nonfinite(threadgroup const int* flags) {
-    int any = 0;
-    for (int s = 0; s < FA_SIMDGROUPS; ++s) any |= flags[s];
-    return any != 0;
+
+// Whether the SIMD group's accumulators (N8 fragments) hold a NaN or an inf
+// in a valid row (`mine`): after a tile whose rows do not all see all its
+// columns, a NaN or inf in the operand multiplied may have reached a row
+// through a masked zero (0 * inf = NaN). The kernels then run their tile
+// loop again, taking the exact path (fa_masked_accumulate) for such tiles;
+// a NaN that belongs there (a row that sees it) also asks for that pass,
+// which gives the same answer. Uniform across the SIMD group.
+template <int N8>
+FA_INLINE bool fa_leaked(const thread fa_frag (&acc)[N8], bool mine) {
+    bool bad = false;
+    FA_UNROLL
+    for (int n8 = 0; n8 < N8; ++n8)
+        bad = bad || !isfinite(acc[n8].thread_elements()[0]) || !isfinite(acc[n8].thread_elements()[1]);
+    return simd_max(int(bad && mine)) != 0;
 }
 
 // The lane holding element (row, col) of a fragment, col even (the inverse
@@ -369,12 +364,12 @@ FA_INLINE bool fa_mask_hides_tile(FaScoreMods mods, device const uchar* mask, in
 // where some row does not see some column: a matrix multiply would give that
 // row 0 * inf = NaN. A is K8 fragments of 8 x 8 (an element at a time,
 // gathered by shuffles), acc N8 fragments of output columns, B the staged
-// rows k at pitch ld from the output's first column, each element times
-// b_scale (FaStorage). Slow, and only taken for such tiles.
+// rows k at pitch ld from the output's first column. Slow, and only taken
+// for such tiles.
 template <int K8, int N8, class T>
 FA_INLINE void fa_masked_accumulate(thread fa_frag (&acc)[N8], const thread fa_frag (&A)[K8],
                                     threadgroup const T* B, int ld, FaLane at, int k_first,
-                                    int begin, int end, FaMaskRow hidden, float b_scale) {
+                                    int begin, int end, FaMaskRow hidden) {
     for (int k = 0; k < K8 * 8; ++k) {
         // Every lane shuffles (uniform control flow); the value is the
         // lane's row's element k of A.
@@ -393,9 +388,9 @@ FA_INLINE void fa_masked_accumulate(thread fa_frag (&acc)[N8], const thread fa_f
         FA_UNROLL
         for (int n8 = 0; n8 < N8; ++n8) {
             acc[n8].thread_elements()[0] =
-                fma(a, float(b[n8 * 8]) * b_scale, acc[n8].thread_elements()[0]);
+                fma(a, float(b[n8 * 8]), acc[n8].thread_elements()[0]);
             acc[n8].thread_elements()[1] =
-                fma(a, float(b[n8 * 8 + 1]) * b_scale, acc[n8].thread_elements()[1]);
+                fma(a, float(b[n8 * 8 + 1]), acc[n8].thread_elements()[1]);
         }
     }
 }

@@ -43,10 +43,11 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // dP^T, FA_DKDV_STAGE/4 registers each, live beside dK and dV): 9.3, 8.8,
 // 12.9, 17.0, 16.7 KiB with the lse and delta rows.
 #define FA_DKDV_STAGE(HD) ((HD) <= 32 ? 32 : FA_STAGE(HD) < 16 ? FA_STAGE(HD) : 16)
-// Row pitch of a staged tile: 4 floats (16 bytes) of padding, as MLX's
-// steel kernels pad, so the rows of a transposed 8x8 load fall in different
-// banks.
+// Row pitch of a staged tile: 4 elements of padding, so the rows of a
+// transposed 8x8 load fall in different banks.
 #define FA_LD(HD) ((HD) + 4)
+// Elements of the storage type in 16 bytes: the unit staging moves.
+#define FA_VEC16(T) int(16 / sizeof(T))
 
 // Which operand rows a SIMD group keeps as register fragments for the whole
 // kernel (else it reloads them per step from device memory, through the
@@ -73,7 +74,7 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 
 // Function constants (host: cpp/core/plan.cpp, index for index).
 #define FA_FC_HEAD_FULL 0  // bool: D equals the bucket: no column guards
-#define FA_FC_HEAD_VEC4 1  // bool: D % 4 == 0: staging loads move float4s
+#define FA_FC_HEAD_VEC16 1  // bool: D fills whole 16-byte vectors of the dtype (D % 4 == 0 for float32, D % 8 == 0 for 16-bit)
 #define FA_FC_SCORE_MODS 2  // int: FlashParams::score_mods (0: plain attention, none of their code)
 
 // Threadgroup arrays are declared with FA_TG_ARRAY(type, name, count) inside

@@ -47,12 +47,18 @@ int main() {
                                               Slot::score, Slot::alibi, Slot::mask, Slot::sinks}));
         CHECK(same(l.grid, 4 * 4, 2, 2));  // 4 heads per kv head x 4 blocks of 32 rows
         CHECK(same(l.threadgroup, FA_THREADS, 1, 1));
-        CHECK(has_constant(l, FA_FC_HEAD_FULL, 1) && has_constant(l, FA_FC_HEAD_VEC4, 1));
+        CHECK(has_constant(l, FA_FC_HEAD_FULL, 1) && has_constant(l, FA_FC_HEAD_VEC16, 1));
     }
-    // Function constants: D below its bucket, D not a multiple of 4.
+    // Function constants: D below its bucket, D not a multiple of 4; D = 60
+    // fills 16-byte vectors of float32 (4) but not of 16-bit types (8).
     {
         const Launch l = plan_forward(params(1, 40, 40, 1, 1, 59)).launches[0];
-        CHECK(has_constant(l, FA_FC_HEAD_FULL, 0) && has_constant(l, FA_FC_HEAD_VEC4, 0));
+        CHECK(has_constant(l, FA_FC_HEAD_FULL, 0) && has_constant(l, FA_FC_HEAD_VEC16, 0));
+        CHECK(has_constant(plan_forward(params(1, 40, 40, 1, 1, 60)).launches[0], FA_FC_HEAD_VEC16, 1));
+        CHECK(has_constant(plan_forward(params(1, 40, 40, 1, 1, 60), DType::f16).launches[0],
+                           FA_FC_HEAD_VEC16, 0));
+        CHECK(has_constant(plan_forward(params(1, 40, 40, 1, 1, 56), DType::bf16).launches[0],
+                           FA_FC_HEAD_VEC16, 1));
     }
     // Short queries pack the heads of a GQA group into shared blocks.
     {
