@@ -27,6 +27,7 @@
 #include "cpu/isa.h"
 #include "cpu/peak.h"
 #include "cpu/thread_pool.h"
+#include "sim/launcher.h"
 
 namespace flashattn {
 void bind_xla_handlers(nanobind::module_& m);  // cpp/bindings/xla_bindings.cpp (flashattn.jax)
@@ -456,6 +457,19 @@ NB_MODULE(_core, m) {
     // Microseconds per parallel_for of empty tasks: the pool's wake-up cost.
     m.def("_cpu_pool_wakeup_us", &cpu::pool_wakeup_us, nb::arg("calls"),
           nb::call_guard<nb::gil_scoped_release>());
+    // metal-sim's operation counts (sim/launcher.h): the cost model of
+    // docs/metal.md (bench/metal_model.py) is checked against them.
+    m.def("_sim_op_counts", [] {
+        const sim::OpCounts c = sim::op_counts();
+        nb::dict d;
+        d["mma"] = c.mma;
+        d["matrix_loads"] = c.matrix_loads;
+        d["matrix_stores"] = c.matrix_stores;
+        d["simd_exchanges"] = c.simd_exchanges;
+        d["barriers"] = c.barriers;
+        return d;
+    });
+    m.def("_sim_reset_op_counts", &sim::reset_op_counts);
     bind_xla_handlers(m);
     // The cpu engine's instruction-set paths (cpp/cpu/isa.h; issue 13).
     m.def("cpu_isa", &cpu::active_isa, "The cpu engine's instruction-set path in use.");

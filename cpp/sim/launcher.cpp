@@ -567,6 +567,26 @@ void run_plan(const Plan& plan, const SlotPointers& call_slots) {
     }
 }
 
+namespace {
+std::atomic<uint64_t> g_counts[5];
+}  // namespace
+
+OpCounts op_counts() {
+    OpCounts c;
+    c.mma = g_counts[size_t(fa_sim::Op::mma)].load();
+    c.matrix_loads = g_counts[size_t(fa_sim::Op::matrix_load)].load();
+    c.matrix_stores = g_counts[size_t(fa_sim::Op::matrix_store)].load();
+    c.simd_exchanges = g_counts[size_t(fa_sim::Op::simd_exchange)].load();
+    c.barriers = g_counts[size_t(fa_sim::Op::barrier)].load();
+    return c;
+}
+
+void reset_op_counts() {
+    for (auto& c : g_counts) c.store(0);
+}
+
+void count(fa_sim::Op op) { g_counts[size_t(op)].fetch_add(1, std::memory_order_relaxed); }
+
 }  // namespace flashattn::sim
 
 // The runtime the shim's kernels call (runtime.h).
@@ -582,11 +602,17 @@ static LaunchState::Ctx& ctx() {
 
 void threadgroup_barrier() {
     auto& c = ctx();
+    if (c.tid == 0) flashattn::sim::count(Op::barrier);
     c.launch->barrier(c.barriers);
+}
+
+void count_op(Op op) {
+    if (ctx().tid % kSimdWidth == 0) flashattn::sim::count(op);
 }
 
 void simd_exchange(const void* value, std::size_t bytes, void* lanes_out, unsigned* active_lanes) {
     auto& c = ctx();
+    if (c.tid % kSimdWidth == 0) flashattn::sim::count(Op::simd_exchange);
     c.launch->simd_exchange(c.tid, c.simd_ops, value, bytes, lanes_out, active_lanes);
 }
 
