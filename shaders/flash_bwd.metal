@@ -141,20 +141,15 @@ kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
             // or hidden by the mask): a NaN or inf in K must not reach its dq.
             const bool cut = tile == fa_tile_masked || fa_has_mask();
 
-            // S = Q K^T and dP = dout V^T, then dS = P (dP - delta) in S's place.
+            // S = Q K^T and dP = dout V^T, then dS = P (dP - delta), rounded
+            // to its operand type (FaPrecision).
             fa_frag S[BK / 8], dP[BK / 8];
+            fa_rows_times_tile<HD, BK, FA_S_PARTIALS, false>(S, Q, Ks, LD, 1.0f);
+            if (!FaPrecision<T>::scale_q()) fa_scale_scores(S, p.scale);
+            fa_rows_times_tile<HD, BK, 1, false>(dP, G, Vs, LD, 1.0f);
+            fa_op<typename FaPrecision<T>::dS> dS[BK / 8];
             FA_UNROLL
             for (int k8 = 0; k8 < BK / 8; ++k8) {
-                S[k8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-                dP[k8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-                FA_UNROLL
-                for (int d8 = 0; d8 < HD / 8; ++d8) {
-                    fa_frag kt, vt;
-                    fa_load_tile(kt, Ks + k8 * 8 * LD + d8 * 8, LD, true, lane);
-                    fa_load_tile(vt, Vs + k8 * 8 * LD + d8 * 8, LD, true, lane);
-                    simdgroup_multiply_accumulate(S[k8], Q.frag(d8), kt, S[k8]);
-                    simdgroup_multiply_accumulate(dP[k8], G.frag(d8), vt, dP[k8]);
-                }
                 FA_UNROLL
                 for (int i = 0; i < 2; ++i) {
                     const int j = j0 + k8 * 8 + at.col + i;
@@ -167,14 +162,14 @@ kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
                     // dS = 0 where the row does not see the key: dP holds NaN
                     // there when V does, and P = 0 would not cancel it (nor
                     // would P be 0 there for a row whose lse is NaN).
-                    S[k8].thread_elements()[i] =
+                    dS[k8].thread_elements()[i] = typename FaPrecision<T>::dS(
                         seen ? fa_prob(s, row_lse) * (dP[k8].thread_elements()[i] - row_delta) * dcap
-                             : 0.0f;
+                             : 0.0f);
                 }
             }
             // dQ += dS K, on this threadgroup's columns.
             if (exact_pass && cut) {
-                fa_masked_accumulate(dQ, S, Ks + c0, LD, at, j0, row_begin, row_end,
+                fa_masked_accumulate(dQ, dS, Ks + c0, LD, at, j0, row_begin, row_end,
                                      FaMaskRow{mods, mask, sp.mask_j, fa_has_mask()});
                 continue;
             }
@@ -182,9 +177,9 @@ kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
             for (int d8 = 0; d8 < DC / 8; ++d8) {
                 FA_UNROLL
                 for (int k8 = 0; k8 < BK / 8; ++k8) {
-                    fa_frag kf;
-                    fa_load_tile(kf, Ks + k8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
-                    simdgroup_multiply_accumulate(dQ[d8], S[k8], kf, dQ[d8]);
+                    fa_op<T> kf;
+                    simdgroup_load(kf, Ks + k8 * 8 * LD + c0 + d8 * 8, ulong(LD), ulong2(0, 0), false);
+                    simdgroup_multiply_accumulate(dQ[d8], dS[k8], kf, dQ[d8]);
                 }
             }
             if (cut && !exact_pass) leaked = leaked || fa_leaked(dQ, row.valid);
@@ -302,23 +297,20 @@ kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
                 // must not reach that key's dk, dv.
                 const bool cut = tile == fa_tile_masked || (HD >= 64 && fa_has_mask());
 
-                // S^T = K (scale q)^T and dP^T = V dout^T, then P^T and dS^T in
-                // their place. The scale multiplies each q element before the
-                // product, as the forward's, so S^T holds its scores bit for bit.
+                // S^T = K (scale q)^T (float32: the scale multiplies each q
+                // element before the product, as the forward's; 16-bit: the
+                // product, as the forward's) and dP^T = V dout^T, then P^T and
+                // dS^T, rounded to their operand types (FaPrecision). S^T holds
+                // the forward's scores bit for bit.
                 fa_frag St[BQ / 8], dPt[BQ / 8];
+                fa_rows_times_tile<HD, BQ, FA_S_PARTIALS, FaPrecision<T>::scale_q()>(St, K, Qs, LD,
+                                                                                     p.scale);
+                if (!FaPrecision<T>::scale_q()) fa_scale_scores(St, p.scale);
+                fa_rows_times_tile<HD, BQ, 1, false>(dPt, V, Gs, LD, 1.0f);
+                fa_op<typename FaPrecision<T>::P> Pt[BQ / 8];
+                fa_op<typename FaPrecision<T>::dS> dSt[BQ / 8];
                 FA_UNROLL
                 for (int i8 = 0; i8 < BQ / 8; ++i8) {
-                    St[i8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-                    dPt[i8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-                    FA_UNROLL
-                    for (int d8 = 0; d8 < HD / 8; ++d8) {
-                        fa_frag qt, gt;
-                        fa_load_tile(qt, Qs + i8 * 8 * LD + d8 * 8, LD, true, lane);
-                        fa_scale_frag(qt, p.scale);
-                        fa_load_tile(gt, Gs + i8 * 8 * LD + d8 * 8, LD, true, lane);
-                        simdgroup_multiply_accumulate(St[i8], K.frag(d8), qt, St[i8]);
-                        simdgroup_multiply_accumulate(dPt[i8], V.frag(d8), gt, dPt[i8]);
-                    }
                     FA_UNROLL
                     for (int e = 0; e < 2; ++e) {
                         const int ci = i8 * 8 + at.col + e;  // query i0 + ci
@@ -331,30 +323,30 @@ kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
                         seen = seen && !(HD >= 64 && fa_has_mask() && s == -INFINITY);  // hidden
                         // (P = 0 there even for a query whose lse is NaN.)
                         const float prob = seen ? fa_prob(s, Ls[ci]) : 0.0f;
-                        St[i8].thread_elements()[e] = prob;
+                        Pt[i8].thread_elements()[e] = typename FaPrecision<T>::P(prob);
                         // dS^T = 0 where the query does not see the key: dP^T
                         // holds NaN there when dout does.
-                        dPt[i8].thread_elements()[e] =
-                            seen ? prob * (dPt[i8].thread_elements()[e] - Ds[ci]) * dcap : 0.0f;
+                        dSt[i8].thread_elements()[e] = typename FaPrecision<T>::dS(
+                            seen ? prob * (dPt[i8].thread_elements()[e] - Ds[ci]) * dcap : 0.0f);
                     }
                 }
                 // dV += P^T dout and dK += dS^T q (scaled once, as stored), on
                 // this threadgroup's columns.
                 if (exact_pass && cut) {
                     const FaMaskRow hidden{mods, mask, sp.mask_i, HD >= 64 && fa_has_mask()};
-                    fa_masked_accumulate(dV, St, Gs + c0, LD, at, i0, col_begin, col_end, hidden);
-                    fa_masked_accumulate(dK, dPt, Qs + c0, LD, at, i0, col_begin, col_end, hidden);
+                    fa_masked_accumulate(dV, Pt, Gs + c0, LD, at, i0, col_begin, col_end, hidden);
+                    fa_masked_accumulate(dK, dSt, Qs + c0, LD, at, i0, col_begin, col_end, hidden);
                     continue;
                 }
                 FA_UNROLL
                 for (int d8 = 0; d8 < DC / 8; ++d8) {
                     FA_UNROLL
                     for (int i8 = 0; i8 < BQ / 8; ++i8) {
-                        fa_frag gf, qf;
-                        fa_load_tile(gf, Gs + i8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
-                        fa_load_tile(qf, Qs + i8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
-                        simdgroup_multiply_accumulate(dV[d8], St[i8], gf, dV[d8]);
-                        simdgroup_multiply_accumulate(dK[d8], dPt[i8], qf, dK[d8]);
+                        fa_op<T> gf, qf;
+                        simdgroup_load(gf, Gs + i8 * 8 * LD + c0 + d8 * 8, ulong(LD), ulong2(0, 0), false);
+                        simdgroup_load(qf, Qs + i8 * 8 * LD + c0 + d8 * 8, ulong(LD), ulong2(0, 0), false);
+                        simdgroup_multiply_accumulate(dV[d8], Pt[i8], gf, dV[d8]);
+                        simdgroup_multiply_accumulate(dK[d8], dSt[i8], qf, dK[d8]);
                     }
                 }
                 if (cut && !exact_pass)

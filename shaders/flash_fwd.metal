@@ -144,18 +144,10 @@ kernel void flash_fwd(device const T* q [[buffer(0)]],
             // or hidden by the mask): a NaN or inf in V must not reach it.
             const bool cut = tile == fa_tile_masked || fa_has_mask();
 
-            // S = Q K^T: K^T's fragment (d8, k8) is the transposed load of Ks.
+            // S = Q K^T, K^T's fragment (d8, k8) the transposed load of Ks.
             fa_frag S[BK / 8];
-            FA_UNROLL
-            for (int k8 = 0; k8 < BK / 8; ++k8) {
-                S[k8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-                FA_UNROLL
-                for (int d8 = 0; d8 < HD / 8; ++d8) {
-                    fa_frag kt;
-                    fa_load_tile(kt, Ks + k8 * 8 * LD + d8 * 8, LD, true, lane);
-                    simdgroup_multiply_accumulate(S[k8], Q.frag(d8), kt, S[k8]);
-                }
-            }
+            fa_rows_times_tile<HD, BK, FA_S_PARTIALS, false>(S, Q, Ks, LD, 1.0f);
+            if (!FaPrecision<T>::scale_q()) fa_scale_scores(S, p.scale);
 
             // Online softmax on the lane's elements of its row.
             float tile_max = -INFINITY;
@@ -176,13 +168,16 @@ kernel void flash_fwd(device const T* q [[buffer(0)]],
             }
             const float m_new = max(m, fa_row_max(tile_max));
             const float factor = exp2((m - m_new) * M_LOG2E_F);
+            // P, rounded to its operand type (FaPrecision); l sums it
+            // unrounded, so lse is as exact as float32 makes it.
+            fa_op<typename FaPrecision<T>::P> P[BK / 8];
             float tile_sum = 0.0f;
             FA_UNROLL
             for (int k8 = 0; k8 < BK / 8; ++k8) {
                 FA_UNROLL
                 for (int i = 0; i < 2; ++i) {
                     const float e = exp2((S[k8].thread_elements()[i] - m_new) * M_LOG2E_F);
-                    S[k8].thread_elements()[i] = e;
+                    P[k8].thread_elements()[i] = typename FaPrecision<T>::P(e);
                     tile_sum += e;
                 }
             }
@@ -196,7 +191,7 @@ kernel void flash_fwd(device const T* q [[buffer(0)]],
                 O[d8].thread_elements()[1] *= factor;
             }
             if (exact_pass && cut) {
-                fa_masked_accumulate(O, S, Vs + c0, LD, at, j0, row_begin, row_end,
+                fa_masked_accumulate(O, P, Vs + c0, LD, at, j0, row_begin, row_end,
                                      FaMaskRow{mods, mask, sp.mask_j, fa_has_mask()});
                 continue;
             }
@@ -204,9 +199,9 @@ kernel void flash_fwd(device const T* q [[buffer(0)]],
             for (int d8 = 0; d8 < DC / 8; ++d8) {
                 FA_UNROLL
                 for (int k8 = 0; k8 < BK / 8; ++k8) {
-                    fa_frag vf;
-                    fa_load_tile(vf, Vs + k8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
-                    simdgroup_multiply_accumulate(O[d8], S[k8], vf, O[d8]);
+                    fa_op<T> vf;
+                    simdgroup_load(vf, Vs + k8 * 8 * LD + c0 + d8 * 8, ulong(LD), ulong2(0, 0), false);
+                    simdgroup_multiply_accumulate(O[d8], P[k8], vf, O[d8]);
                 }
             }
             if (cut && !exact_pass) leaked = leaked || fa_leaked(O, row.valid);

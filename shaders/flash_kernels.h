@@ -46,6 +46,9 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // Row pitch of a staged tile: 4 elements of padding, so the rows of a
 // transposed 8x8 load fall in different banks.
 #define FA_LD(HD) ((HD) + 4)
+// Partial sums of a score over D (fa_scores): 2 halves the length of each
+// float32 rounding chain.
+#define FA_S_PARTIALS 2
 // Elements of the storage type in 16 bytes: the unit staging moves.
 #define FA_VEC16(T) int(16 / sizeof(T))
 
