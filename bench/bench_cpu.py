@@ -9,7 +9,7 @@ installed, with torch (and matplotlib for --plot) from the bench extra:
 
 import sys
 
-from flashattn._bench import main
+from flashattn.cli.bench import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -44,8 +44,14 @@ struct FlashParams {
     fa_int group_offset_x, group_offset_y, group_offset_z;
     // The score options in force (FA_SCORE_* bits; issue 16), their values in
     // FlashScoreParams. 0 is plain attention, which then reads nothing more.
-    // (This int also keeps the strides 8-byte aligned, as MSL lays them out.)
     fa_int score_mods;
+    // A variable-length batch (fa.attention_varlen) runs as one launch
+    // (core/varlen.h): the call's params have varlen_seqs = its number of
+    // sequences (0 for an ordinary call); each sequence's own params (B = 1,
+    // its Tq and Tk, its rows_per_head) give its first rows of the packed
+    // q (seq_q0) and k (seq_k0) and its index in the batch (seq_index).
+    // (The four ints keep the strides 8-byte aligned, as MSL lays them out.)
+    fa_int varlen_seqs, seq_q0, seq_k0, seq_index;
     FlashStrides q, k, v, o, dout, dq, dk, dv;
 };
 
@@ -70,7 +76,7 @@ struct FlashScoreParams {
 
 #ifndef __METAL_VERSION__
 static_assert(sizeof(FlashStrides) == 24, "FlashStrides layout must match MSL");
-static_assert(sizeof(FlashParams) == 256, "FlashParams layout must match MSL");
+static_assert(sizeof(FlashParams) == 272, "FlashParams layout must match MSL");
 static_assert(sizeof(FlashScoreParams) == 40, "FlashScoreParams layout must match MSL");
 #endif
 

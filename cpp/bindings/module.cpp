@@ -9,28 +9,28 @@
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
-#include <unistd.h>
-
-#include <chrono>
-#include <condition_variable>
-#include <exception>
 #include <memory>
-#include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 
+#include "bindings/released_call.h"
 #include "core/engine.h"
 #include "core/interrupt.h"
 #include "core/params.h"
 #include "core/registry.h"
+#include "core/selftest.h"
 #include "core/varlen.h"
 #include "cpu/isa.h"
+#include "engines/factories.h"
+#include "sim/runtime.h"
 #include "cpu/peak.h"
 #include "cpu/thread_pool.h"
 #include "sim/launcher.h"
 
 namespace flashattn {
 void bind_xla_handlers(nanobind::module_& m);  // cpp/bindings/xla_bindings.cpp (flashattn.jax)
+void bind_instream(nanobind::module_& m);      // cpp/bindings/instream_bindings.cpp (issue 35)
 }
 
 #ifdef FLASHATTN_HAVE_METAL
@@ -87,111 +87,42 @@ TensorView data_view(const char* fn, const char* name, const DataArray& a, DType
     return view_of(a, dtype);
 }
 
-// ---- Running compiled work with the GIL released.
-//
-// Not nb::gil_scoped_release: its destructor (noexcept) takes the GIL back,
-// and a daemon thread that does so while the interpreter is finalizing is
-// ended by Python with a forced unwind, which a noexcept frame turns into
-// std::terminate. Here instead the exit hook (stop_calls_at_exit) first
-// stops every call and waits for it; a call that ends after that never takes
-// the GIL again: its thread sleeps until the process is gone.
-std::mutex g_calls_mutex;
-std::condition_variable g_calls_changed;
-int g_calls_running = 0;  // calls between releasing and retaking the GIL
-bool g_exiting = false;
-
-[[noreturn]] void sleep_until_process_exit() {
-    for (;;) pause();
-}
-
-// Only the main thread of the main interpreter runs Python's signal handlers.
-bool on_main_thread() {
-    static PyObject* main_thread =  // never released: it outlives the interpreter
-        nb::object(nb::module_::import_("threading").attr("main_thread")).release().ptr();
-    nb::object thread = nb::steal(PyObject_CallNoArgs(main_thread));
-    if (!thread.is_valid()) throw nb::python_error();
-    return nb::cast<unsigned long>(thread.attr("ident")) == PyThread_get_thread_ident();
-}
-
-// Runs compute() without the GIL (called with it). On the main thread,
-// Python's signal handlers run every ~20 ms while it works (core/interrupt.h);
-// when one raises (Ctrl-C: KeyboardInterrupt), the engine stops between work
-// items and that exception is raised here, the outputs discarded.
-template <class F>
-void run_released(F&& compute) {
-    const bool poll_signals = on_main_thread();
-    bool exiting;
-    {
-        std::lock_guard<std::mutex> lock(g_calls_mutex);
-        exiting = g_exiting;
-        if (!exiting) ++g_calls_running;
-    }
-    if (exiting) {  // a daemon thread calling in during exit: never returns
-        PyEval_SaveThread();
-        sleep_until_process_exit();
-    }
-    PyObject *err_type = nullptr, *err_value = nullptr, *err_trace = nullptr;
-    PyThreadState* state = PyEval_SaveThread();
-    bool interrupted = false;
-    std::exception_ptr failure;
-    try {
-        std::optional<InterruptScope> scope;
-        if (poll_signals)
-            scope.emplace([&] {
-                PyEval_RestoreThread(state);
-                const bool raised = PyErr_CheckSignals() != 0;
-                if (raised) PyErr_Fetch(&err_type, &err_value, &err_trace);
-                state = PyEval_SaveThread();
-                return raised;
-            });
-        compute();
-    } catch (const Interrupted&) {
-        interrupted = true;
-    } catch (...) {
-        failure = std::current_exception();
-    }
-    // Once the exit hook has begun, park; until then the GIL may be taken
-    // back: the hook waits for this call (it is still counted) before the
-    // interpreter finalizes, so Python cannot end this thread mid-frame.
-    {
-        std::unique_lock<std::mutex> lock(g_calls_mutex);
-        if (g_exiting) {
-            --g_calls_running;
-            g_calls_changed.notify_all();
-            lock.unlock();
-            sleep_until_process_exit();
-        }
-    }
-    PyEval_RestoreThread(state);
-    {
-        std::lock_guard<std::mutex> lock(g_calls_mutex);
-        --g_calls_running;
-        g_calls_changed.notify_all();
-    }
-    if (err_type) {
-        PyErr_Restore(err_type, err_value, err_trace);
-        throw nb::python_error();
-    }
-    if (failure) std::rethrow_exception(failure);
-    if (interrupted) throw std::runtime_error("flashattn: the call was interrupted");
-}
-
-// atexit: after the non-daemon threads are joined and before the
-// interpreter finalizes. Every running call stops at its next check; wait
-// (without the GIL) until each has parked or returned to Python.
-void stop_calls_at_exit() {
-    stop_all_calls();
-    PyThreadState* state = PyEval_SaveThread();
-    {
-        std::unique_lock<std::mutex> lock(g_calls_mutex);
-        g_exiting = true;
-        g_calls_changed.wait_for(lock, std::chrono::seconds(10), [] { return g_calls_running == 0; });
-    }
-    PyEval_RestoreThread(state);
-}
+using bindings::run_released;
 
 Engine& engine_for(const std::optional<std::string>& backend) {
     return backend ? get_engine(*backend) : default_engine();
+}
+
+// The RuntimeWarning for an engine left out after it started (its self-test
+// failed, core/selftest.h), once per engine; the words are those of the
+// import-time warning for an engine that could not start (_engines.py).
+void warn_left_out(const std::string& engine, const std::string& reason) {
+    static std::mutex mu;
+    static std::set<std::string> warned;
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!warned.insert(engine).second) return;
+    }
+    const std::string text = "flashattn engine unavailable, '" + engine +
+                             "' left out of backends(). Reason: " + reason;
+    if (PyErr_WarnEx(PyExc_RuntimeWarning, text.c_str(), 1) != 0) throw nb::python_error();
+}
+
+// Runs compute(engine) without the GIL. When the engine fails its self-test
+// on this call it is left out from now on (Engine::unusable_reason) and a
+// RuntimeWarning says why; the call is then answered by the best engine left
+// when no backend was named, and raises the failure (RuntimeError) when this
+// one was.
+template <class F>
+void run_on(const std::optional<std::string>& backend, Engine& engine, F&& compute) {
+    try {
+        run_released([&] { compute(engine); });
+    } catch (const SelfTestFailed& e) {
+        warn_left_out(engine.name(), e.what());
+        if (backend) throw std::runtime_error(e.what());
+        Engine& next = default_engine();
+        run_released([&] { compute(next); });
+    }
 }
 
 AttentionOptions options_of(bool causal, int64_t window_left, int64_t window_right,
@@ -273,10 +204,10 @@ nb::tuple forward(DataArray q, DataArray k, DataArray v, bool causal, int64_t wi
     Engine& engine = engine_for(backend);
     PendingOutput o(engine, fn, "o", {size_t(p.B), size_t(p.Tq), size_t(p.H), size_t(p.D)}, dt);
     PendingOutput lse(engine, fn, "lse", {size_t(p.B), size_t(p.H), size_t(p.Tq)});
-    run_released([&] {
+    run_on(backend, engine, [&](Engine& e) {
         ForwardIO io{q.data(), k.data(), v.data(), o.buffer.data, lse.floats(), score};
         io.dtype = dt;
-        run_forward(engine, p, io);
+        run_forward(e, p, io);
     });
     return nb::make_tuple(o.release(), lse.release());
 }
@@ -303,12 +234,12 @@ nb::tuple backward(DataArray dout, DataArray q, DataArray k, DataArray v, DataAr
                      dt);
     std::optional<PendingOutput> dsinks;
     if (sinks) dsinks.emplace(engine, fn, "dsinks", std::vector<size_t>{size_t(p.H)});
-    run_released([&] {
+    run_on(backend, engine, [&](Engine& e) {
         BackwardIO io{dout.data(),    q.data(),       k.data(),      v.data(), o.data(),
                       lse.data(),     dq.buffer.data, dk.buffer.data, dv.buffer.data, score};
         io.dtype = dt;
         io.dsinks = dsinks ? dsinks->floats() : nullptr;
-        run_backward(engine, p, io);
+        run_backward(e, p, io);
     });
     if (dsinks)
         return nb::make_tuple(dq.release(), dk.release(), dv.release(), dsinks->release());
@@ -324,11 +255,18 @@ Sequences sequences_of(const char* fn, const PrefixSums& cu_q, const PrefixSums&
                           int64_t(cu_k.shape(0)), int64_t(q.shape(0)), int64_t(k.shape(0)));
 }
 
+// per_sequence (private: the bench's and tests' baseline): one engine call
+// per sequence instead of the engine's one call for the batch.
+VarlenSchedule schedule_of(bool per_sequence) {
+    return per_sequence ? VarlenSchedule::per_sequence : VarlenSchedule::one_call;
+}
+
 nb::tuple forward_varlen(DataArray q, DataArray k, DataArray v, PrefixSums cu_q,
                          PrefixSums cu_k, bool causal, int64_t window_left, int64_t window_right,
                          std::optional<double> scale, double softcap,
                          std::optional<InputArray> alibi, std::optional<InputArray> sinks,
-                         std::optional<std::string> backend, const std::string& dtype_name_) {
+                         std::optional<std::string> backend, const std::string& dtype_name_,
+                         bool per_sequence) {
     const char* fn = "attention_varlen";
     const DType dt = dtype_of(fn, dtype_name_);
     const Sequences seqs = sequences_of(fn, cu_q, cu_k, q, k);
@@ -339,10 +277,10 @@ nb::tuple forward_varlen(DataArray q, DataArray k, DataArray v, PrefixSums cu_q,
     PendingOutput o(engine, fn, "o", {total, H, D}, dt);
     PendingOutput lse(engine, fn, "lse", {H, total});
     const ScoreOptions score = score_options_of(softcap, alibi, std::nullopt, std::nullopt, sinks);
-    run_released([&] {
-        run_forward_varlen(engine, seqs, qv, kv, vv,
+    run_on(backend, engine, [&](Engine& e) {
+        run_forward_varlen(e, seqs, qv, kv, vv,
                            options_of(causal, window_left, window_right, scale), score,
-                           o.buffer.data, lse.floats());
+                           o.buffer.data, lse.floats(), schedule_of(per_sequence));
     });
     return nb::make_tuple(o.release(), lse.release());
 }
@@ -353,7 +291,8 @@ nb::tuple backward_varlen(DataArray dout, DataArray q, DataArray k, DataArray v,
                           PrefixSums cu_q, PrefixSums cu_k, bool causal, int64_t window_left,
                           int64_t window_right, std::optional<double> scale, double softcap,
                           std::optional<InputArray> alibi, std::optional<InputArray> sinks,
-                          std::optional<std::string> backend, const std::string& dtype_name_) {
+                          std::optional<std::string> backend, const std::string& dtype_name_,
+                          bool per_sequence) {
     const char* fn = "attention_varlen_backward";
     const DType dt = dtype_of(fn, dtype_name_);
     const Sequences seqs = sequences_of(fn, cu_q, cu_k, q, k);
@@ -377,11 +316,11 @@ nb::tuple backward_varlen(DataArray dout, DataArray q, DataArray k, DataArray v,
     std::optional<PendingOutput> dsinks;
     if (sinks) dsinks.emplace(engine, fn, "dsinks", std::vector<size_t>{size_t(q.shape(1))});
     const ScoreOptions score = score_options_of(softcap, alibi, std::nullopt, std::nullopt, sinks);
-    run_released([&] {
-        run_backward_varlen(engine, seqs, views[0], views[1], views[2], views[3], views[4],
+    run_on(backend, engine, [&](Engine& e) {
+        run_backward_varlen(e, seqs, views[0], views[1], views[2], views[3], views[4],
                             lse.data(), options_of(causal, window_left, window_right, scale),
                             score, dq.buffer.data, dk.buffer.data, dv.buffer.data,
-                            dsinks ? dsinks->floats() : nullptr);
+                            dsinks ? dsinks->floats() : nullptr, schedule_of(per_sequence));
     });
     if (dsinks)
         return nb::make_tuple(dq.release(), dk.release(), dv.release(), dsinks->release());
@@ -409,6 +348,29 @@ NB_MODULE(_core, m) {
             out.append(nb::make_tuple(e.name, e.reason, e.failed));
         return out;
     });
+    // The self-test (core/selftest.h) of an engine that runs one: what it has
+    // checked and what that cost; None for an engine without it.
+    m.def("_selftest_stats", [](const std::string& name) -> nb::object {
+        for (const std::string& engine : available_engines())
+            if (engine == name) {
+                const SelfTest* t = get_engine(name).selftest();
+                if (!t) return nb::none();
+                const SelfTest::Stats st = t->stats();
+                nb::dict d;
+                d["pipelines"] = st.pipelines;
+                d["probes"] = st.probes;
+                d["seconds"] = st.seconds;
+                return d;
+            }
+        return nb::none();
+    }, nb::arg("backend"));
+    // metal-sim's lane probe, and the planted lane fault of the self-test's tests.
+    m.def("_sim_lane_probe", [] {
+        std::string error;
+        run_released([&] { error = sim_lane_probe(); });
+        return error;
+    });
+    m.def("_sim_set_lane_fault", [](bool on) { fa_sim::set_lane_map_fault(on); }, nb::arg("on"));
     // The dtypes an engine's kernels take (tests parametrise by them).
     m.def("_engine_dtypes", [](const std::string& name) {
         std::vector<std::string> out;
@@ -433,13 +395,14 @@ NB_MODULE(_core, m) {
           nb::arg("cu_seqlens_q"), nb::arg("cu_seqlens_k"), nb::arg("causal"),
           nb::arg("window_left"), nb::arg("window_right"), nb::arg("scale").none(),
           nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("sinks").none(),
-          nb::arg("backend").none(), nb::arg("dtype") = "float32");
+          nb::arg("backend").none(), nb::arg("dtype") = "float32",
+          nb::arg("_per_sequence") = false);
     m.def("backward_varlen", &backward_varlen, nb::arg("do"), nb::arg("q"), nb::arg("k"),
           nb::arg("v"), nb::arg("o"), nb::arg("lse"), nb::arg("cu_seqlens_q"),
           nb::arg("cu_seqlens_k"), nb::arg("causal"), nb::arg("window_left"),
           nb::arg("window_right"), nb::arg("scale").none(), nb::arg("softcap"),
           nb::arg("alibi_slopes").none(), nb::arg("sinks").none(), nb::arg("backend").none(),
-          nb::arg("dtype") = "float32");
+          nb::arg("dtype") = "float32", nb::arg("_per_sequence") = false);
     m.def("check_call", &check_call, nb::arg("fn"), nb::arg("q_shape"), nb::arg("k_shape"),
           nb::arg("v_shape"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
           nb::arg("scale").none());
@@ -470,7 +433,16 @@ NB_MODULE(_core, m) {
         return d;
     });
     m.def("_sim_reset_op_counts", &sim::reset_op_counts);
+    // The pool's record of its calls (FLASHATTN_CPU_PROFILE=1): per call
+    // [tasks, threads, wall s, busy s summed over threads, longest task s].
+    m.def("_cpu_pool_profile", [] {
+        std::vector<std::vector<double>> rows;
+        for (const cpu::PoolCallProfile& c : cpu::take_pool_profile())
+            rows.push_back({double(c.tasks), double(c.threads), c.wall_s, c.busy_s, c.longest_s});
+        return rows;
+    });
     bind_xla_handlers(m);
+    bind_instream(m);
     // The cpu engine's instruction-set paths (cpp/cpu/isa.h; issue 13).
     m.def("cpu_isa", &cpu::active_isa, "The cpu engine's instruction-set path in use.");
     m.def("cpu_isas_supported", &cpu::supported_isas, "Paths this CPU runs, best first.");
@@ -478,6 +450,5 @@ NB_MODULE(_core, m) {
 #ifdef FLASHATTN_HAVE_METAL
     bind_metal(m);
 #endif
-    m.def("_stop_calls_at_exit", &stop_calls_at_exit);
-    nb::module_::import_("atexit").attr("register")(m.attr("_stop_calls_at_exit"));
+    bindings::install_process_hooks(m);  // the exit hook and the fork handler
 }

@@ -40,7 +40,7 @@ struct ErrorCreateArgs {
     ErrorCode errc;
 };
 
-enum DataType : int { kPred = 1, kS32 = 4, kS64 = 5, kF32 = 11, kF64 = 12 };
+enum DataType : int { kPred = 1, kS32 = 4, kS64 = 5, kF16 = 10, kF32 = 11, kF64 = 12, kBF16 = 16 };
 
 struct Buffer {
     size_t struct_size;

@@ -54,10 +54,12 @@ float element(const void* data, int64_t i, DType dtype) {
     return static_cast<const float*>(data)[i];
 }
 
+}  // namespace
+
 // dsinks[h] = -sum over b, i of exp(sink_h - lse) * (do . o): the sink's
 // logit is in every row's denominator, and its value vector is zero, so
 // d lse / d sink = P(sink) and d o / d sink = -P(sink) o. Summed in double.
-void sink_gradients(const FlashParams& p, const BackwardIO& io) {
+void add_sink_gradients(const FlashParams& p, const BackwardIO& io, double* dsinks) {
     for (int64_t h = 0; h < p.H; ++h) {
         double sum = 0.0;
         const float sink = io.score.sinks[h];
@@ -73,11 +75,55 @@ void sink_gradients(const FlashParams& p, const BackwardIO& io) {
                              element(io.o, o0 + k, io.dtype);
                 sum += std::exp(double(sink) - lse) * delta;
             }
-        io.dsinks[h] = float(-sum);
+        dsinks[h] -= sum;
     }
 }
 
-}  // namespace
+void check_engine_takes(const char* fn, const Engine& engine, const FlashParams& p, bool backward,
+                        DType dtype) {
+    check_supported(fn, engine, p, backward);
+    check_dtype(fn, engine, dtype);
+}
+
+ForwardIO sequence_io(const Varlen& call, const ForwardIO& io, size_t i) {
+    const FlashParams& s = call.seqs[i];
+    ForwardIO out = io;
+    out.q = element_offset(io.q, int64_t(s.seq_q0) * s.q.t, io.dtype);
+    out.k = element_offset(io.k, int64_t(s.seq_k0) * s.k.t, io.dtype);
+    out.v = element_offset(io.v, int64_t(s.seq_k0) * s.v.t, io.dtype);
+    out.o = element_offset(io.o, int64_t(s.seq_q0) * s.o.t, io.dtype);
+    out.lse = io.lse + int64_t(s.seq_q0) * s.H;
+    if (io.score.alibi_slopes) out.score.alibi_slopes += int64_t(i) * io.score.params.alibi_b;
+    return out;
+}
+
+BackwardIO sequence_io(const Varlen& call, const BackwardIO& io, size_t i) {
+    const FlashParams& s = call.seqs[i];
+    const int64_t q0 = s.seq_q0, k0 = s.seq_k0;
+    BackwardIO out = io;
+    out.dout = element_offset(io.dout, q0 * s.dout.t, io.dtype);
+    out.q = element_offset(io.q, q0 * s.q.t, io.dtype);
+    out.k = element_offset(io.k, k0 * s.k.t, io.dtype);
+    out.v = element_offset(io.v, k0 * s.v.t, io.dtype);
+    out.o = element_offset(io.o, q0 * s.o.t, io.dtype);
+    out.lse = io.lse + q0 * s.H;
+    out.dq = element_offset(io.dq, q0 * s.dq.t, io.dtype);
+    out.dk = element_offset(io.dk, k0 * s.dk.t, io.dtype);
+    out.dv = element_offset(io.dv, k0 * s.dv.t, io.dtype);
+    if (io.score.alibi_slopes) out.score.alibi_slopes += int64_t(i) * io.score.params.alibi_b;
+    out.dsinks = nullptr;
+    return out;
+}
+
+void Engine::forward_varlen(const Varlen& call, const ForwardIO& io) {
+    for (size_t i = 0; i < call.seqs.size(); ++i)
+        if (sequence_has_work(call.seqs[i])) forward(call.seqs[i], sequence_io(call, io, i));
+}
+
+void Engine::backward_varlen(const Varlen& call, const BackwardIO& io) {
+    for (size_t i = 0; i < call.seqs.size(); ++i)
+        if (sequence_has_work(call.seqs[i])) backward(call.seqs[i], sequence_io(call, io, i));
+}
 
 OutputBuffer Engine::allocate(size_t bytes) {
     void* data = allocate_host(bytes);
@@ -85,8 +131,7 @@ OutputBuffer Engine::allocate(size_t bytes) {
 }
 
 void run_forward(Engine& engine, const FlashParams& p, const ForwardIO& io) {
-    check_supported("attention", engine, p, false);
-    check_dtype("attention", engine, io.dtype);
+    check_engine_takes("attention", engine, p, false, io.dtype);
     if (q_elements(p) == 0) return;
     if (p.Tk == 0) {  // every row sees no key, only its head's sink (lse = -inf without)
         std::memset(io.o, 0, size_t(q_elements(p)) * dtype_size(io.dtype));  // 0 in every dtype
@@ -98,8 +143,7 @@ void run_forward(Engine& engine, const FlashParams& p, const ForwardIO& io) {
 }
 
 void run_backward(Engine& engine, const FlashParams& p, const BackwardIO& io) {
-    check_supported("attention_backward", engine, p, true);
-    check_dtype("attention_backward", engine, io.dtype);
+    check_engine_takes("attention_backward", engine, p, true, io.dtype);
     if (q_elements(p) == 0 || p.Tk == 0) {  // no (query, key) pair: every gradient is zero
         const size_t size = dtype_size(io.dtype);  // all-zero bits are 0 in every dtype
         std::memset(io.dq, 0, size_t(q_elements(p)) * size);
@@ -108,7 +152,11 @@ void run_backward(Engine& engine, const FlashParams& p, const BackwardIO& io) {
     } else {
         engine.backward(p, io);
     }
-    if (io.dsinks) sink_gradients(p, io);
+    if (io.dsinks) {
+        std::vector<double> sums(size_t(p.H), 0.0);
+        add_sink_gradients(p, io, sums.data());
+        for (int64_t h = 0; h < p.H; ++h) io.dsinks[h] = float(sums[size_t(h)]);
+    }
 }
 
 }  // namespace flashattn

@@ -7,11 +7,14 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "core/tensor.h"
 #include "flash_params.h"
 
 namespace flashattn {
+
+class SelfTest;  // core/selftest.h
 
 // The arrays of the score options (FlashParams.score_mods says which are
 // given; the others are null) and their values.
@@ -39,6 +42,30 @@ struct BackwardIO {
     DType dtype = DType::f32;
 };
 
+// A variable-length batch as one call (core/varlen.h builds it): sequence i
+// is the ordinary call seqs[i] (B = 1, its own Tq and Tk, the packed arrays'
+// strides; seq_q0, seq_k0 its first rows there, seq_index its index).
+// packed has the shapes and options shared by all (H, Hkv, D, window,
+// scale, score_mods), B = the number of sequences, Tq and Tk the longest,
+// varlen_seqs = B. Its IO (VarlenIO) holds the packed arrays: q, o, do, dq
+// (total_q, H, D) and k, v, dk, dv (total_k, Hkv, D), o and the gradients
+// contiguous; lse in the sequences' layout: sequence i's (H, Tq_i) block,
+// contiguous, at element H * seq_q0; the ALiBi slopes (batch, H) (row i at
+// i * alibi_b). Sequences with no query or no key are in seqs too: an
+// engine skips them (core/varlen.cpp writes their outputs) or computes the
+// same values.
+struct Varlen {
+    FlashParams packed{};
+    std::vector<FlashParams> seqs;
+};
+
+// Sequence i's arrays as an ordinary call's (views into the packed ones).
+ForwardIO sequence_io(const Varlen& call, const ForwardIO& io, size_t i);
+BackwardIO sequence_io(const Varlen& call, const BackwardIO& io, size_t i);
+
+// Whether sequence i has work (queries and keys).
+inline bool sequence_has_work(const FlashParams& seq) { return seq.Tq > 0 && seq.Tk > 0; }
+
 // Memory for one output array. `owner` keeps it alive; Python holds it in a
 // capsule, so an engine's buffer returns to its pool when the array dies.
 struct OutputBuffer {
@@ -58,6 +85,14 @@ public:
         return 0;
     }
 
+    // Non-empty when the engine must not be used any more in this process
+    // (its self-test failed: core/selftest.h): the registry then leaves it
+    // out of the available engines, with this reason.
+    virtual std::string unusable_reason() const { return {}; }
+
+    // The engine's self-test (core/selftest.h), where it runs one.
+    virtual SelfTest* selftest() const { return nullptr; }
+
     // The dtypes this engine's kernels take (float32 always); run_forward
     // and run_backward refuse a call in any other, naming engine and dtype.
     virtual bool dtype_supported(DType dtype) const { return dtype == DType::f32; }
@@ -71,6 +106,14 @@ public:
     // rows that see no key (o = 0, lse = -inf; zero gradients).
     virtual void forward(const FlashParams& p, const ForwardIO& io) = 0;
     virtual void backward(const FlashParams& p, const BackwardIO& io) = 0;
+
+    // A variable-length batch (Varlen) in one launch. The default runs
+    // forward / backward once per sequence with work, one after another (an
+    // engine whose kernels read the sequences themselves overrides it; the
+    // bench and the tests call this one as the per-sequence baseline).
+    // dsinks is left to the caller, as in backward().
+    virtual void forward_varlen(const Varlen& call, const ForwardIO& io);
+    virtual void backward_varlen(const Varlen& call, const BackwardIO& io);
 };
 
 // Runs a call on an engine, answering the degenerate shapes (nothing to
@@ -78,5 +121,14 @@ public:
 // computes dsinks here, from do, o and lse, for every engine alike.
 void run_forward(Engine& engine, const FlashParams& p, const ForwardIO& io);
 void run_backward(Engine& engine, const FlashParams& p, const BackwardIO& io);
+
+// Refuses (std::invalid_argument, as function fn) a call using score
+// options or a dtype the engine does not take.
+void check_engine_takes(const char* fn, const Engine& engine, const FlashParams& p, bool backward,
+                        DType dtype);
+
+// Adds to dsinks[h] (H of them, summed in double) the sink gradient of call
+// p from do, o and lse (io.score.sinks given).
+void add_sink_gradients(const FlashParams& p, const BackwardIO& io, double* dsinks);
 
 }  // namespace flashattn

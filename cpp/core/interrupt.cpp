@@ -49,5 +49,6 @@ void throw_if_interrupted() {
 
 void stop_all_calls() { g_stop_all.store(true); }
 bool all_calls_stopped() { return g_stop_all.load(); }
+void resume_calls() { g_stop_all.store(false); }
 
 }  // namespace flashattn

@@ -44,4 +44,9 @@ void throw_if_interrupted();
 void stop_all_calls();
 bool all_calls_stopped();
 
+// Undoes stop_all_calls: the exit hook's, once every call it stopped has
+// ended, so that calls made later during exit (atexit handlers that ran
+// after it) run as usual.
+void resume_calls();
+
 }  // namespace flashattn

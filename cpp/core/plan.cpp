@@ -86,16 +86,21 @@ int32_t rows_per_head(const FlashParams& p) {
     return int32_t(blocks(p.Tq, FA_BLOCK_ROWS) * FA_BLOCK_ROWS);
 }
 
-// Split-KV for decode: when every kv head's queries fit one block, the
-// grid would have only B * Hkv threadgroups, too few to fill a GPU (an M1
-// has 8 cores, an M3 Max 40, each running several threadgroups), and each
-// would walk all Tk keys alone. Then the keys are cut into chunks of at
-// least 256, enough for about 64 threadgroups in all, at most
-// FA_MAX_KV_SPLITS (the merge keeps one chunk per lane).
-int32_t kv_splits(const FlashParams& p, uint32_t row_blocks) {
-    if (row_blocks != 1) return 1;
-    const int64_t by_keys = p.Tk / 256;
-    const int64_t by_groups = (64 + int64_t(p.B) * p.Hkv - 1) / (int64_t(p.B) * p.Hkv);
+// Split-KV for decode: when the grid has only `groups` threadgroups (every
+// kv head's queries fit one block: B * Hkv of them; the vector kernel: one
+// per query row), too few to fill the GPU (an M1 has 8 cores, an M3 Max 40,
+// an M2 Ultra 76, each running several threadgroups), each would walk all
+// Tk keys alone. Then the keys are cut into chunks, enough for
+// kGroupsPerCore threadgroups per core in all, each chunk at least
+// kMinSplitKeys long so that its share of the merge (one partial row of D
+// floats written and read again) stays small against its keys' K and V,
+// at most FA_MAX_KV_SPLITS (the merge keeps one chunk per lane).
+constexpr int64_t kMinSplitKeys = 256;
+int32_t kv_splits(const FlashParams& p, int64_t groups, const GpuInfo& gpu) {
+    if (p.varlen_seqs > 0) return 1;  // a varlen batch brings a grid per sequence
+    const int64_t target = int64_t(std::max(gpu.cores, 1)) * kGroupsPerCore;
+    const int64_t by_keys = p.Tk / kMinSplitKeys;
+    const int64_t by_groups = (target + groups - 1) / groups;
     const int64_t splits = std::min<int64_t>({by_keys, by_groups, FA_MAX_KV_SPLITS});
     return int32_t(std::max<int64_t>(splits, 1));
 }
@@ -104,14 +109,14 @@ const Dim3 kTiled{FA_THREADS, 1, 1};
 
 }  // namespace
 
-Plan plan_forward(const FlashParams& p, DType dtype) {
+Plan plan_forward(const FlashParams& p, DType dtype, const GpuInfo& gpu) {
     check_shape("plan_forward", p);
     const int bucket = bucket_of("plan_forward", p);
     Plan plan;
     plan.params = p;
     plan.params.rows_per_head = rows_per_head(p);
     const uint32_t row_blocks = blocks(int64_t(p.group) * plan.params.rows_per_head, FA_BLOCK_ROWS);
-    const int32_t splits = kv_splits(p, row_blocks);
+    const int32_t splits = row_blocks == 1 ? kv_splits(p, int64_t(p.B) * p.Hkv, gpu) : 1;
     plan.params.kv_splits = splits;
     const std::string dt = kernel_dtype(dtype);
     const std::string name = "flash_fwd_" + dt + "_hd" + std::to_string(bucket);

@@ -62,10 +62,21 @@ struct Plan {
     std::vector<Scratch> scratch;  // what the launches bind besides the call's arrays
 };
 
+// What a plan needs to know of the GPU it is for: its core count, which
+// sizes split-KV decode (kGroupsPerCore threadgroups per core). The metal
+// host reads it from the device (device.mm: the IORegistry's gpu-core-count,
+// else the fewest cores of the architecture's class, the letter MLX reads
+// from the architecture name); metal-sim and the tests pass the GPU they
+// model, by default the smallest Apple GPU, an 8-core M1.
+struct GpuInfo {
+    int cores = 8;
+};
+constexpr int kGroupsPerCore = 8;
+
 // `dtype` is the storage type of q, k, v, o, do and the gradients: it
 // picks the kernels' instantiation (flash_fwd_f16_hd64, ...); lse, delta
 // and the split-KV partials are float32 whatever it is.
-Plan plan_forward(const FlashParams& p, DType dtype = DType::f32);
+Plan plan_forward(const FlashParams& p, DType dtype = DType::f32, const GpuInfo& gpu = {});
 Plan plan_backward(const FlashParams& p, DType dtype = DType::f32);
 
 // The kernels' name for a storage type: "f32", "f16", "bf16" (FA_STORAGE_TYPES).

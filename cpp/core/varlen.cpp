@@ -1,9 +1,12 @@
-// Variable-length batches as a loop of ordinary calls, one per sequence (see
-// varlen.h): the engines need nothing of their own for them.
+// Variable-length batches (see varlen.h): the sequences checked and made
+// ordinary calls of B = 1 (core Varlen), the outputs of sequences without
+// keys written here, and lse moved between the engines' per-sequence layout
+// and the (H, total_q) one of the API.
 #include "core/varlen.h"
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -87,36 +90,94 @@ Sequences make_sequences(const char* fn, const int32_t* cu_q, int64_t n_q, const
     return s;
 }
 
-void run_forward_varlen(Engine& engine, const Sequences& seqs, const TensorView& q,
-                        const TensorView& k, const TensorView& v, const AttentionOptions& options,
-                        const ScoreOptions& score, void* o, float* lse) {
-    const char* fn = "attention_varlen";
-    check_whole(fn, q, k, v, options);
-    const int64_t total_q = q.shape[0], H = q.shape[1], D = q.shape[2];
-    std::vector<float> lse_b;
+namespace {
+
+// The batch as the engines take it: each sequence's call (its rows of the
+// packed arrays, the score options' checks and bits) and the packed call.
+Varlen make_varlen(const char* fn, const Sequences& seqs, const TensorView& q,
+                   const TensorView& k, const TensorView& v, const AttentionOptions& options,
+                   const ScoreOptions& score, ScoreInputs& packed_score) {
+    auto as_4d = [](const TensorView& t) {
+        TensorView w = t;
+        w.shape = {1, t.shape[0], t.shape[1], t.shape[2]};
+        w.strides = {t.shape[0] * t.strides[0], t.strides[0], t.strides[1], t.strides[2]};
+        return w;
+    };
+    Varlen call;
+    call.packed = make_forward_params(as_4d(q), as_4d(k), as_4d(v), options);
+    FlashParams& packed = call.packed;
+    packed.B = fa_int(seqs.batch());
+    packed.Tq = packed.Tk = 0;
     for (int64_t b = 0; b < seqs.batch(); ++b) {
         const int64_t q0 = seqs.cu_q[b], q1 = seqs.cu_q[b + 1];
         const int64_t k0 = seqs.cu_k[b], k1 = seqs.cu_k[b + 1];
-        if (q1 == q0) continue;
         FlashParams p = make_forward_params(rows_of(q, q0, q1), rows_of(k, k0, k1),
                                             rows_of(v, k0, k1), options);
-        ForwardIO io{q.at(q0 * q.strides[0]), k.at(k0 * k.strides[0]), v.at(k0 * v.strides[0]),
-                     element_offset(o, q0 * H * D, q.dtype), nullptr};
-        io.dtype = q.dtype;
-        io.score = make_score_inputs(fn, p, options_of_sequence(score, b));
-        lse_b.resize(size_t(H * (q1 - q0)));
-        io.lse = lse_b.data();
-        run_forward(engine, p, io);
-        for (int64_t h = 0; h < H; ++h)  // (1, H, Tq_b) into (H, total_q)
-            std::copy_n(lse_b.data() + h * (q1 - q0), q1 - q0, lse + h * total_q + q0);
+        (void)make_score_inputs(fn, p, options_of_sequence(score, b));  // checks; sets score_mods
+        p.seq_q0 = fa_int(q0);
+        p.seq_k0 = fa_int(k0);
+        p.seq_index = fa_int(b);
+        packed.Tq = std::max(packed.Tq, p.Tq);
+        packed.Tk = std::max(packed.Tk, p.Tk);
+        call.seqs.push_back(p);
     }
+    packed.varlen_seqs = packed.B;
+    packed_score = make_score_inputs(fn, packed, score);
+    return call;
+}
+
+// The per-sequence lse layout (sequence b's (H, Tq_b) at H * q0) to and
+// from the API's (H, total_q).
+void lse_to_api(const Varlen& call, const float* seq_lse, float* lse, int64_t total_q) {
+    for (const FlashParams& s : call.seqs)
+        for (int64_t h = 0; h < s.H; ++h)
+            std::copy_n(seq_lse + int64_t(s.seq_q0) * s.H + h * s.Tq, s.Tq,
+                        lse + h * total_q + s.seq_q0);
+}
+void lse_from_api(const Varlen& call, const float* lse, float* seq_lse, int64_t total_q) {
+    for (const FlashParams& s : call.seqs)
+        for (int64_t h = 0; h < s.H; ++h)
+            std::copy_n(lse + h * total_q + s.seq_q0, s.Tq,
+                        seq_lse + int64_t(s.seq_q0) * s.H + h * s.Tq);
+}
+
+}  // namespace
+
+void run_forward_varlen(Engine& engine, const Sequences& seqs, const TensorView& q,
+                        const TensorView& k, const TensorView& v, const AttentionOptions& options,
+                        const ScoreOptions& score, void* o, float* lse, VarlenSchedule schedule) {
+    const char* fn = "attention_varlen";
+    check_whole(fn, q, k, v, options);
+    const int64_t total_q = q.shape[0], H = q.shape[1], D = q.shape[2];
+    ForwardIO io{q.data, k.data, v.data, o, nullptr};
+    io.dtype = q.dtype;
+    const Varlen call = make_varlen(fn, seqs, q, k, v, options, score, io.score);
+    check_engine_takes(fn, engine, call.packed, false, io.dtype);
+    if (total_q == 0) return;
+    std::vector<float> seq_lse(size_t(H * total_q));
+    io.lse = seq_lse.data();
+    // Sequences with queries but no keys: o = 0, lse = the head's sink or -inf.
+    for (size_t b = 0; b < call.seqs.size(); ++b) {
+        const FlashParams& s = call.seqs[b];
+        if (s.Tq == 0 || s.Tk > 0) continue;
+        std::memset(element_offset(o, int64_t(s.seq_q0) * H * D, q.dtype), 0,
+                    size_t(s.Tq * H * D) * dtype_size(q.dtype));
+        for (int64_t h = 0; h < H; ++h)
+            std::fill_n(io.lse + int64_t(s.seq_q0) * H + h * s.Tq, s.Tq,
+                        io.score.sinks ? io.score.sinks[h] : -std::numeric_limits<float>::infinity());
+    }
+    if (schedule == VarlenSchedule::one_call)
+        engine.forward_varlen(call, io);
+    else
+        engine.Engine::forward_varlen(call, io);
+    lse_to_api(call, seq_lse.data(), lse, total_q);
 }
 
 void run_backward_varlen(Engine& engine, const Sequences& seqs, const TensorView& dout,
                          const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& o, const float* lse, const AttentionOptions& options,
                          const ScoreOptions& score, void* dq, void* dk, void* dv,
-                         float* dsinks) {
+                         float* dsinks, VarlenSchedule schedule) {
     const char* fn = "attention_varlen_backward";
     check_whole(fn, q, k, v, options);
     check_3d(fn, "do", "(total_q, H, D)", dout);
@@ -126,42 +187,40 @@ void run_backward_varlen(Engine& engine, const Sequences& seqs, const TensorView
                      shape_string(dout.shape) + " and " + shape_string(o.shape));
     const int64_t total_q = q.shape[0], H = q.shape[1], D = q.shape[2];
     const int64_t Hkv = k.shape[1];
+    BackwardIO io{dout.data, q.data, k.data, v.data, o.data, nullptr, dq, dk, dv};
+    io.dtype = q.dtype;
+    Varlen call = make_varlen(fn, seqs, q, k, v, options, score, io.score);
+    check_engine_takes(fn, engine, call.packed, true, io.dtype);
+    // do's and o's strides (the checks above made them the shape of q).
+    call.packed.dout = {0, dout.strides[0], dout.strides[1]};
+    call.packed.o = {0, o.strides[0], o.strides[1]};
+    for (FlashParams& s : call.seqs) {
+        s.dout = {s.Tq * dout.strides[0], dout.strides[0], dout.strides[1]};
+        s.o = {s.Tq * o.strides[0], o.strides[0], o.strides[1]};
+    }
     // Keys of sequences without queries: zero bits are 0 in every dtype.
-    std::memset(dk, 0, size_t(k.shape[0] * Hkv * D) * dtype_size(q.dtype));
-    std::memset(dv, 0, size_t(k.shape[0] * Hkv * D) * dtype_size(q.dtype));
-    if (dsinks) std::fill_n(dsinks, H, 0.0f);
     // Every row of dq belongs to a sequence with queries, whose call writes it.
-    std::vector<float> lse_b, dsinks_b(static_cast<size_t>(H));
-    for (int64_t b = 0; b < seqs.batch(); ++b) {
-        const int64_t q0 = seqs.cu_q[b], q1 = seqs.cu_q[b + 1], n = q1 - q0;
-        const int64_t k0 = seqs.cu_k[b], k1 = seqs.cu_k[b + 1];
-        if (n == 0) continue;
-        lse_b.resize(size_t(H * n));
-        for (int64_t h = 0; h < H; ++h)  // (H, total_q) into (1, H, Tq_b)
-            std::copy_n(lse + h * total_q + q0, n, lse_b.data() + h * n);
-        TensorView lse_view;
-        lse_view.data = lse_b.data();
-        lse_view.shape = {1, H, n};
-        lse_view.strides = {H * n, n, 1};
-        FlashParams p = make_backward_params(rows_of(dout, q0, q1), rows_of(q, q0, q1),
-                                             rows_of(k, k0, k1), rows_of(v, k0, k1),
-                                             rows_of(o, q0, q1), lse_view, options);
-        const DType dt = q.dtype;
-        BackwardIO io{dout.at(q0 * dout.strides[0]),
-                      q.at(q0 * q.strides[0]),
-                      k.at(k0 * k.strides[0]),
-                      v.at(k0 * v.strides[0]),
-                      o.at(q0 * o.strides[0]),
-                      lse_b.data(),
-                      element_offset(dq, q0 * H * D, dt),
-                      element_offset(dk, k0 * Hkv * D, dt),
-                      element_offset(dv, k0 * Hkv * D, dt)};
-        io.dtype = dt;
-        io.score = make_score_inputs(fn, p, options_of_sequence(score, b));
-        io.dsinks = dsinks ? dsinks_b.data() : nullptr;
-        run_backward(engine, p, io);
-        if (dsinks)
-            for (int64_t h = 0; h < H; ++h) dsinks[h] += dsinks_b[size_t(h)];
+    const size_t size = dtype_size(q.dtype);
+    std::memset(dk, 0, size_t(k.shape[0] * Hkv * D) * size);
+    std::memset(dv, 0, size_t(k.shape[0] * Hkv * D) * size);
+    for (const FlashParams& s : call.seqs)  // queries without keys: dq = 0
+        if (s.Tq > 0 && s.Tk == 0)
+            std::memset(element_offset(dq, int64_t(s.seq_q0) * H * D, q.dtype), 0,
+                        size_t(s.Tq * H * D) * size);
+    std::vector<float> seq_lse(size_t(H * total_q));
+    lse_from_api(call, lse, seq_lse.data(), total_q);
+    io.lse = seq_lse.data();
+    if (total_q > 0 && k.shape[0] > 0) {
+        if (schedule == VarlenSchedule::one_call)
+            engine.backward_varlen(call, io);
+        else
+            engine.Engine::backward_varlen(call, io);
+    }
+    if (dsinks) {
+        std::vector<double> sums(size_t(H), 0.0);
+        for (size_t b = 0; b < call.seqs.size(); ++b)
+            if (call.seqs[b].Tq > 0) add_sink_gradients(call.seqs[b], sequence_io(call, io, b), sums.data());
+        for (int64_t h = 0; h < H; ++h) dsinks[h] = float(sums[size_t(h)]);
     }
 }
 

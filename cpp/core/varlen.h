@@ -1,8 +1,10 @@
 // Variable-length batches (fa.attention_varlen, flash_attn_varlen_func's
 // semantics): sequence b is rows [cu_q[b], cu_q[b + 1]) of q and
-// [cu_k[b], cu_k[b + 1]) of k and v, and runs as an ordinary call with B = 1
-// on every engine, so the work is the sum of Tq_b * Tk_b and no padding is
-// computed, and causal is bottom-right within each sequence.
+// [cu_k[b], cu_k[b + 1]) of k and v, and computes what an ordinary call of
+// B = 1 on those rows would, so the work is the sum of Tq_b * Tk_b, no
+// padding is computed, and causal is bottom-right within each sequence. The
+// whole batch is one engine call (Engine::forward_varlen: one launch on the
+// GPU engines, one parallel loop over every sequence's tiles on the cpu).
 #pragma once
 #include <cstdint>
 #include <vector>
@@ -21,18 +23,24 @@ struct Sequences {
 Sequences make_sequences(const char* fn, const int32_t* cu_q, int64_t n_q, const int32_t* cu_k,
                          int64_t n_k, int64_t total_q, int64_t total_k);
 
+// How the batch reaches the engine: in one call (the engine's own
+// forward_varlen), or one ordinary call per sequence (Engine's default
+// forward_varlen: the bench's and the tests' baseline).
+enum class VarlenSchedule { one_call, per_sequence };
+
 // q (total_q, H, D), k and v (total_k, Hkv, D), any strides with a
 // contiguous last axis; score.alibi_slopes, if given, (batch, H). o is
 // (total_q, H, D) of q's dtype and lse (H, total_q) float32, contiguous.
 void run_forward_varlen(Engine& engine, const Sequences& seqs, const TensorView& q,
                         const TensorView& k, const TensorView& v, const AttentionOptions& options,
-                        const ScoreOptions& score, void* o, float* lse);
+                        const ScoreOptions& score, void* o, float* lse,
+                        VarlenSchedule schedule = VarlenSchedule::one_call);
 
 // The gradients, shaped like q, k, v, contiguous, of q's dtype; dsinks (H,) with sinks.
 void run_backward_varlen(Engine& engine, const Sequences& seqs, const TensorView& dout,
                          const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& o, const float* lse, const AttentionOptions& options,
                          const ScoreOptions& score, void* dq, void* dk, void* dv,
-                         float* dsinks);
+                         float* dsinks, VarlenSchedule schedule = VarlenSchedule::one_call);
 
 }  // namespace flashattn

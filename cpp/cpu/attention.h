@@ -11,4 +11,8 @@ namespace flashattn::cpu {
 void attention_forward(const FlashParams& p, const ForwardIO& io);
 void attention_backward(const FlashParams& p, const BackwardIO& io);
 
+// A variable-length batch in one parallel loop per phase (cpu/varlen.cpp).
+void attention_forward_varlen(const Varlen& call, const ForwardIO& io);
+void attention_backward_varlen(const Varlen& call, const BackwardIO& io);
+
 }  // namespace flashattn::cpu

@@ -5,8 +5,11 @@
 // recomputes P = exp(scale * S - lse) and dS, accumulates dK and dV for the
 // block in scratch, and adds dS K into dQ. The first chunk adds into dq
 // itself; later chunks (there are some only when B * Hkv is too small to
-// keep the cores busy) into partials that are summed in chunk order at the
-// end. The chunking depends on the shape only, so results never depend on
+// make kTargetTasks tasks) into partials that are summed in chunk order at
+// the end. Where those partials would outgrow their budget (long calls with
+// few heads), the query rows are taken in bands, one after the other, each
+// split into chunks of its own and adding to the dK, dV the bands before it
+// left. The split depends on the shape only, so results never depend on
 // the thread count.
 //
 // Tiles are queries x keys. The key block is fixed while the query tiles go
@@ -55,8 +58,18 @@ namespace {
 using simd::splat;
 using simd::vi;
 
-// dQ partials of the later chunks may take this much; past it, fewer chunks.
-constexpr double kPartialBudgetBytes = 48.0 * 1024 * 1024;
+// dQ partials of the later chunks may take this much; past it, the query
+// rows are taken in bands (below), and past that, fewer chunks.
+// FLASHATTN_CPU_PARTIAL_BUDGET (bytes, read once) overrides it: the tests
+// make it small, so that small calls take bands too.
+double partial_budget_bytes() {
+    static const double budget = [] {
+        const char* env = std::getenv("FLASHATTN_CPU_PARTIAL_BUDGET");
+        const double bytes = env ? std::atof(env) : 0.0;
+        return bytes > 0.0 ? bytes : 48.0 * 1024 * 1024;
+    }();
+    return budget;
+}
 
 // The split of each (batch, kv head)'s key blocks into chunks, one task
 // each, and the dQ rows each chunk adds to (whole query tiles).
@@ -66,9 +79,20 @@ struct Chunk {
     int64_t offset;      // rows of the partial before this chunk's, per head; -1: dq itself
 };
 
-struct ChunkPlan {
+// One band of query rows [row0, row1) (row0 a multiple of BQ) and its
+// chunks. Bands run one after the other; every chunk of a band adds its
+// rows' share to the dK, dV that the bands before it left.
+struct Band {
+    int64_t row0, row1;
+    int index;  // 0: the first band, which writes every key's dK and dV
     std::vector<Chunk> chunks;
     int64_t partial_rows = 0;  // per head
+    int64_t chunk_rows = 0;    // per head, every chunk's rows (the first one's too)
+};
+
+struct BackwardPlan {
+    std::vector<Band> bands;
+    int64_t partial_rows = 0;  // per head: the most any band needs
 };
 
 // The query rows that see some key of key blocks [kb0, kb1).
@@ -76,20 +100,29 @@ Range rows_of_key_blocks(const FlashParams& p, int64_t kb0, int64_t kb1) {
     return rows_of_keys(p, kb0 * kBlockK, std::min<int64_t>(kb1 * kBlockK, p.Tk));
 }
 
-ChunkPlan plan_chunks(const FlashParams& p, int BQ, int Dp, int64_t n_chunks, bool dq_float) {
+// Those of them in rows [row0, row1).
+Range band_rows_of_key_blocks(const FlashParams& p, int64_t kb0, int64_t kb1, int64_t row0,
+                              int64_t row1) {
+    const Range r = rows_of_key_blocks(p, kb0, kb1);
+    return {std::max(r.begin, row0), std::min(r.end, row1)};
+}
+
+// Band [row0, row1)'s key blocks in n_chunks chunks of about equal work.
+Band plan_band(const FlashParams& p, int BQ, int Dp, int64_t n_chunks, bool dq_float,
+               int64_t row0, int64_t row1, int index) {
     const int64_t kblocks = (int64_t(p.Tk) + kBlockK - 1) / kBlockK;
-    // Work of a key block: the query tiles that see it.
+    // Work of a key block: the query tiles of the band that see it.
     std::vector<int64_t> work(size_t(kblocks), 0);
     int64_t total = 0;
     for (int64_t kb = 0; kb < kblocks; ++kb) {
-        const Range r = rows_of_key_blocks(p, kb, kb + 1);
+        const Range r = band_rows_of_key_blocks(p, kb, kb + 1, row0, row1);
         if (r.begin < r.end) work[size_t(kb)] = (r.end - 1) / BQ - r.begin / BQ + 1;
         total += work[size_t(kb)];
     }
     // The first chunk adds into dq in place when its rows have no padding
     // and dq is float32 (a half dq is rounded once, from a float32 partial).
     const bool first_in_place = Dp == p.D && dq_float;
-    ChunkPlan plan;
+    Band band{row0, row1, index, {}, 0, 0};
     int64_t kb = 0, done = 0;
     for (int64_t c = 0; c < n_chunks && kb < kblocks; ++c) {
         Chunk ch{kb, kb, 0, 0, -1};
@@ -99,46 +132,78 @@ ChunkPlan plan_chunks(const FlashParams& p, int BQ, int Dp, int64_t n_chunks, bo
             ++ch.kb1;
         }
         kb = ch.kb1;
-        const Range r = rows_of_key_blocks(p, ch.kb0, ch.kb1);
+        const Range r = band_rows_of_key_blocks(p, ch.kb0, ch.kb1, row0, row1);
         if (r.begin < r.end) {
             ch.row0 = r.begin / BQ * BQ;
             ch.row1 = round_up(r.end, BQ);
         }
         if (c > 0 || !first_in_place) {
-            ch.offset = plan.partial_rows;
-            plan.partial_rows += ch.row1 - ch.row0;
+            ch.offset = band.partial_rows;
+            band.partial_rows += ch.row1 - ch.row0;
         }
-        plan.chunks.push_back(ch);
+        band.chunk_rows += ch.row1 - ch.row0;
+        band.chunks.push_back(ch);
     }
-    return plan;
+    return band;
 }
 
 // Tasks a call aims for, whatever the thread count (results depend on the
-// shape alone).
-constexpr int64_t kTargetTasks = 16;
+// shape alone): four per core of a 16-core machine, so that the causal
+// band's unequal tasks and the machine's noise even out among the threads
+// (with 16, a 16-thread call left threads idle at its end: issue 36).
+constexpr int64_t kTargetTasks = 64;
 
 // Query heads per task: a kv head's whole group, so that each key block is
 // laid out once and its dK, dV stay in cache across the group; or, when
-// there are too few kv heads to make kTargetTasks and the dK, dV partials fit
-// the budget, one head each, its dK, dV summed over the group at the end.
-// Then a GQA call splits like the MHA call of the same H (the same dQ
-// partials), instead of cutting each kv head's keys into more chunks.
-int heads_per_task(const FlashParams& p) {
-    const double partial_bytes = 8.0 * p.B * p.H * double(p.Tk) * p.D;
-    if (p.group == 1 || int64_t(p.B) * p.Hkv >= kTargetTasks || partial_bytes > kPartialBudgetBytes)
+// there are too few kv heads to make kTargetTasks (with the tasks of the
+// calls sharing the loops: Sharing), the fewest heads (a divisor of the
+// group) whose dK, dV partials fit the budget, each task's dK, dV summed
+// over the group at the end. Then a GQA call splits like the MHA call of
+// the same H (the same dQ partials), instead of cutting each kv head's keys
+// into more chunks, each a large share of the call (an MQA backward at
+// T = 16k was 3 tasks, at 32k 2; with 2 and 4 heads per task, 12 and 4).
+int heads_per_task(const FlashParams& p, Sharing sharing) {
+    if (p.group == 1 || int64_t(p.B) * p.Hkv + sharing.other_tasks >= kTargetTasks)
         return p.group;
-    return 1;
+    for (int heads = 1; heads < p.group; ++heads) {
+        const double partial_bytes = 8.0 * p.B * (p.H / heads) * double(p.Tk) * p.D;
+        if (p.group % heads == 0 && partial_bytes <= partial_budget_bytes()) return heads;
+    }
+    return p.group;
 }
 
-// Enough chunks to keep a few cores busy when there are few tasks of
-// `heads` query heads each, as long as their partials fit the budget.
-ChunkPlan choose_chunks(const FlashParams& p, int BQ, int Dp, int heads, bool dq_float) {
-    const int64_t units = int64_t(p.B) * p.H / heads;
+// Enough chunks to make kTargetTasks tasks of `heads` query heads each (with
+// the sharing calls' tasks), in as few bands of query rows as keep each
+// band's dQ partials within the budget (a long call takes many: at
+// T = 65536 with one head, 4 chunks were all the budget allowed without
+// bands, 4 tasks for 16 threads); fewer chunks only where bands of one
+// query tile each do not fit either. The budget is held to as if every
+// chunk had a partial, so that the split does not depend on the dtype
+// (whose dq may take the first chunk in place): a float16 or bfloat16
+// call's results are the float32 call's on the same values, rounded
+// (tests/cpp/test_cpu_engine.cpp).
+BackwardPlan plan_backward(const FlashParams& p, int BQ, int Dp, int heads, bool dq_float,
+                           Sharing sharing) {
+    const int64_t units = int64_t(p.B) * p.H / heads + sharing.other_tasks;
     const int64_t kblocks = (int64_t(p.Tk) + kBlockK - 1) / kBlockK;
+    const int64_t tiles = (int64_t(p.Tq) + BQ - 1) / BQ;
     for (int64_t n = std::min<int64_t>((kTargetTasks + units - 1) / units, kblocks);; --n) {
-        ChunkPlan plan = plan_chunks(p, BQ, Dp, std::max<int64_t>(n, 1), dq_float);
-        const double bytes = 4.0 * p.B * p.H * double(plan.partial_rows) * Dp;
-        if (n <= 1 || bytes <= kPartialBudgetBytes) return plan;
+        n = std::max<int64_t>(n, 1);
+        for (int64_t n_bands = 1;; n_bands = std::min(2 * n_bands, tiles)) {
+            const int64_t rows = ((tiles + n_bands - 1) / n_bands) * BQ;
+            BackwardPlan plan;
+            int64_t chunk_rows = 0;
+            for (int64_t row0 = 0; row0 < p.Tq; row0 += rows) {
+                plan.bands.push_back(plan_band(p, BQ, Dp, n, dq_float, row0,
+                                               std::min<int64_t>(row0 + rows, p.Tq),
+                                               int(plan.bands.size())));
+                plan.partial_rows = std::max(plan.partial_rows, plan.bands.back().partial_rows);
+                chunk_rows = std::max(chunk_rows, plan.bands.back().chunk_rows);
+            }
+            const double bytes = 4.0 * p.B * p.H * double(chunk_rows) * Dp;
+            if (n == 1 || bytes <= partial_budget_bytes()) return plan;
+            if (n_bands == tiles) break;
+        }
     }
 }
 
@@ -256,44 +321,51 @@ struct GradientEpilogue {
 // entry, simd::fma as there): in a saturated row, O is bit for bit the v of
 // its one key, and dP - delta must then be exactly 0, or dS = P (dP - delta)
 // leaves an error of ulps of dO . v that scale * k multiplies into dq and dk.
-// W rows at a time, one per lane.
+// W rows at a time, one per lane; task t of row_delta_tasks(p) does
+// kDeltaRows rows of one head.
+constexpr int64_t kDeltaRows = 256;
+int64_t row_delta_tasks(const FlashParams& p) {
+    return int64_t(p.B) * p.H * ((int64_t(p.Tq) + kDeltaRows - 1) / kDeltaRows);
+}
 template <class T>
-void row_deltas(const FlashParams& p, const BackwardIO& io, float* delta) {
-    const int64_t heads = int64_t(p.B) * p.H;
-    const int64_t rows_per_task = 256;
+void row_deltas(const FlashParams& p, const BackwardIO& io, float* delta, int64_t t) {
+    const int64_t rows_per_task = kDeltaRows;
     const int64_t tasks_per_head = (int64_t(p.Tq) + rows_per_task - 1) / rows_per_task;
-    parallel_for(heads * tasks_per_head, [&](int64_t t) {
-        const int64_t bh = t / tasks_per_head, b = bh / p.H, h = bh % p.H;
-        const int64_t i0 = t % tasks_per_head * rows_per_task;
-        const int64_t i1 = std::min<int64_t>(i0 + rows_per_task, p.Tq);
-        const T* do0 = static_cast<const T*>(io.dout) + b * p.dout.b + h * p.dout.h;
-        const T* o0 = static_cast<const T*>(io.o) + b * p.o.b + h * p.o.h;
-        for (int64_t r0 = i0; r0 < i1; r0 += W) {
-            const int n = int(std::min<int64_t>(W, i1 - r0));
-            alignas(64) float a[W] = {}, c[W] = {}, out[W];
-            vf acc{};
-            for (int d = 0; d < p.D; ++d) {
-                for (int r = 0; r < n; ++r) {
-                    a[r] = to_float(do0[(r0 + r) * p.dout.t + d]);
-                    c[r] = to_float(o0[(r0 + r) * p.o.t + d]);
-                }
-                acc = simd::fma(simd::load(a), simd::load(c), acc);
+    const int64_t bh = t / tasks_per_head, b = bh / p.H, h = bh % p.H;
+    const int64_t i0 = t % tasks_per_head * rows_per_task;
+    const int64_t i1 = std::min<int64_t>(i0 + rows_per_task, p.Tq);
+    const T* do0 = static_cast<const T*>(io.dout) + b * p.dout.b + h * p.dout.h;
+    const T* o0 = static_cast<const T*>(io.o) + b * p.o.b + h * p.o.h;
+    for (int64_t r0 = i0; r0 < i1; r0 += W) {
+        const int n = int(std::min<int64_t>(W, i1 - r0));
+        alignas(64) float a[W] = {}, c[W] = {}, out[W];
+        vf acc{};
+        for (int d = 0; d < p.D; ++d) {
+            for (int r = 0; r < n; ++r) {
+                a[r] = to_float(do0[(r0 + r) * p.dout.t + d]);
+                c[r] = to_float(o0[(r0 + r) * p.o.t + d]);
             }
-            simd::store(out, acc);
-            for (int r = 0; r < n; ++r) delta[bh * p.Tq + r0 + r] = out[r];
+            acc = simd::fma(simd::load(a), simd::load(c), acc);
         }
-    });
+        simd::store(out, acc);
+        for (int r = 0; r < n; ++r) delta[bh * p.Tq + r0 + r] = out[r];
+    }
 }
 
 struct Context {
     const FlashParams& p;
     const BackwardIO& io;
     const float* delta;  // (B, H, Tq)
-    float* partial;      // (B, H, partial_rows, Dp)
+    float* partial;      // (B, H, partial_rows, Dp): a band's dQ partials
     int64_t partial_rows;
     int BQ, Dp;
     int heads;           // query heads per task (heads_per_task)
-    float* dkv_partial;  // heads < group: (2, B, H, Tk, D), each head's dK then dV
+    // Where each task's dK, dV go: null for dk and dv themselves (whole
+    // groups; float32, or rounded to T when one band covers every row),
+    // else float32 sums per task unit, (2, B, H / heads, Tk, D), each unit's
+    // dK then dV, rounded to T (and summed over a group of one-head units)
+    // at the end.
+    float* dkv_sums;
     const PairedRows& q_pairs;   // on AMX, q and do in pairs for the whole call (or off)
     const PairedRows& do_pairs;
 };
@@ -500,10 +572,11 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
 }
 
 // Query heads [heads0, heads0 + cx.heads) of batch b against the keys of
-// chunk ch; their dK, dV go to dk and dv, or (one head of a group) to the
-// head's partial (float32, rounded to T when the group's are summed).
+// chunk ch, for the query rows of band `band`; their dK, dV are added to
+// what the bands before left (the first band starts them at 0) in dk and
+// dv, or in the task unit's float32 sums (cx.dkv_sums).
 template <class T>
-void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
+void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Band& band, const Chunk& ch) {
     const FlashParams& p = cx.p;
     const AmxScope tiles(amx_scores<T>(p));
     const BackwardIO& io = cx.io;
@@ -511,18 +584,32 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
     const int64_t hk = heads0 / p.group;
     const T* k0 = static_cast<const T*>(io.k) + b * p.k.b + hk * p.k.h;
     const T* v0 = static_cast<const T*>(io.v) + b * p.v.b + hk * p.v.h;
-    // Row j of the block's dK and dV (float32 in scratch) goes to dk and dv
-    // rounded to T, or to the head's float32 partial.
+    // Row j of the task's dK and dV: in its float32 sums, or in dk and dv
+    // themselves (rounded to T as they are stored; only a float32 dk and dv
+    // are read back, by a later band: BackwardCall sees to that).
+    T* dk0 = static_cast<T*>(io.dk) + b * p.dk.b + hk * p.dk.h;
+    T* dv0 = static_cast<T*>(io.dv) + b * p.dv.b + hk * p.dv.h;  // (dv's row stride is dk's)
+    const size_t unit = size_t(b * (p.H / cx.heads) + heads0 / cx.heads);
+    const size_t units = size_t(p.B) * (p.H / cx.heads);
+    auto sums_of = [&](size_t which, int64_t j) {
+        return cx.dkv_sums + ((which * units + unit) * size_t(p.Tk) + size_t(j)) * D;
+    };
+    auto load_dkv = [&](int64_t j, float* dK_row, float* dV_row) {
+        if (cx.dkv_sums) {
+            std::memcpy(dK_row, sums_of(0, j), sizeof(float) * D);
+            std::memcpy(dV_row, sums_of(1, j), sizeof(float) * D);
+        } else if constexpr (std::is_same_v<T, float>) {
+            std::memcpy(dK_row, dk0 + j * p.dk.t, sizeof(float) * D);
+            std::memcpy(dV_row, dv0 + j * p.dk.t, sizeof(float) * D);
+        }
+    };
     auto store_dkv = [&](int64_t j, const float* dK_row, const float* dV_row) {
-        if (cx.heads == p.group) {  // dv's row stride is dk's: both are contiguous
-            store_row(static_cast<T*>(io.dk) + b * p.dk.b + hk * p.dk.h + j * p.dk.t, dK_row, D);
-            store_row(static_cast<T*>(io.dv) + b * p.dv.b + hk * p.dv.h + j * p.dk.t, dV_row, D);
+        if (cx.dkv_sums) {
+            std::memcpy(sums_of(0, j), dK_row, sizeof(float) * D);
+            std::memcpy(sums_of(1, j), dV_row, sizeof(float) * D);
         } else {
-            const size_t head = size_t(b * p.H + heads0), all = size_t(p.B) * p.H;
-            std::memcpy(cx.dkv_partial + (head * size_t(p.Tk) + size_t(j)) * D, dK_row,
-                        sizeof(float) * D);
-            std::memcpy(cx.dkv_partial + ((all + head) * size_t(p.Tk) + size_t(j)) * D, dV_row,
-                        sizeof(float) * D);
+            store_row(dk0 + j * p.dk.t, dK_row, D);
+            store_row(dv0 + j * p.dk.t, dV_row, D);
         }
     };
 
@@ -532,10 +619,10 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
     float* dK = scratch(size_t(kBlockK) * Dp, 7);
     float* dV = scratch(size_t(kBlockK) * Dp, 8);
 
-    // Where each head's dQ goes: rows [row0, row1) of dq itself (all of it
-    // zeroed first, as the other chunks only add), or of this chunk's partial.
+    // Where each head's dQ goes: rows [row0, row1) of dq itself (the band's
+    // rows zeroed first, as the other chunks only add), or of this chunk's partial.
     const int64_t heads1 = heads0 + cx.heads;
-    // (dq itself only when it is float32: plan_chunks says so.)
+    // (dq itself only when it is float32: plan_band says so.)
     auto dq_of = [&](int64_t h, int64_t& ld) -> float* {
         if (ch.offset < 0) {
             ld = p.dq.t;
@@ -547,7 +634,8 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
     for (int64_t h = heads0; h < heads1; ++h) {
         if (ch.offset < 0) {
             float* dq = static_cast<float*>(io.dq) + b * p.dq.b + h * p.dq.h;
-            for (int64_t i = 0; i < p.Tq; ++i) std::memset(dq + i * p.dq.t, 0, sizeof(float) * D);
+            for (int64_t i = band.row0; i < band.row1; ++i)
+                std::memset(dq + i * p.dq.t, 0, sizeof(float) * D);
         } else {
             int64_t ld;
             std::memset(dq_of(h, ld), 0, sizeof(float) * size_t(ch.row1 - ch.row0) * Dp);
@@ -557,9 +645,19 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
     for (int64_t kb = ch.kb0; kb < ch.kb1; ++kb) {
         const int64_t j0 = kb * kBlockK;
         const int nk = int(std::min<int64_t>(kBlockK, p.Tk - j0));
-        const Range rows = rows_of_key_blocks(p, kb, kb + 1);
-        std::memset(dK, 0, sizeof(float) * size_t(nk) * Dp);
-        std::memset(dV, 0, sizeof(float) * size_t(nk) * Dp);
+        const Range rows = band_rows_of_key_blocks(p, kb, kb + 1, band.row0, band.row1);
+        // The first band writes every key's dK and dV (zeros where no row
+        // sees it); the later ones add to those their rows see.
+        if (band.index > 0 && rows.begin >= rows.end) continue;
+        if (band.index == 0) {
+            std::memset(dK, 0, sizeof(float) * size_t(nk) * Dp);
+            std::memset(dV, 0, sizeof(float) * size_t(nk) * Dp);
+        } else {
+            for (int j = 0; j < nk; ++j) {
+                load_dkv(j0 + j, dK + j * Dp, dV + j * Dp);
+                for (int d = D; d < Dp; ++d) dK[j * Dp + d] = dV[j * Dp + d] = 0.0f;
+            }
+        }
         if (rows.begin < rows.end) {
             lay_out_key_block(p, k0, v0, j0, nk, Kt, Vt, Kp, Dp);
             KeyBlock block{Kt, Vt, Kp, j0, nk, all_finite(Kp, nk, D, Dp), dK, dV};
@@ -574,6 +672,7 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
             }
 #endif
             for (int64_t h = heads0; h < heads1; ++h) {
+                stop_if_interrupted();  // a block and head: up to Tq query rows
                 const int64_t bh = b * p.H + h;
                 const ScoreMods score = ScoreMods::of(p, io.score, b, h);
                 const T* q0 = static_cast<const T*>(io.q) + b * p.q.b + h * p.q.h;
@@ -596,105 +695,174 @@ void chunk_task(const Context& cx, int64_t b, int64_t heads0, const Chunk& ch) {
     }
 }
 
-// dq = (dq, when the first chunk added there, else 0) + every partial that
-// covers the row, in chunk order, summed in float32 and rounded to T once.
+// dq's rows of the band = (dq, when the band's first chunk added there,
+// else 0) + every partial that covers the row, in chunk order, summed in
+// float32 and rounded to T once; task t of partial_sum_tasks(p, BQ, band)
+// does one query tile of one head.
+int64_t partial_sum_tasks(const FlashParams& p, int BQ, const Band& band) {
+    return int64_t(p.B) * p.H * ((band.row1 - band.row0 + BQ - 1) / BQ);
+}
 template <class T>
-void sum_partials(const Context& cx, const ChunkPlan& plan) {
+void sum_partials(const Context& cx, const Band& band, int64_t t) {
     const FlashParams& p = cx.p;
     const int BQ = cx.BQ, Dp = cx.Dp;
-    const bool from_dq = plan.chunks[0].offset < 0;
-    const int64_t blocks = (int64_t(p.Tq) + BQ - 1) / BQ;
-    parallel_for(int64_t(p.B) * p.H * blocks, [&](int64_t t) {
-        const int64_t bh = t / blocks, i0 = t % blocks * BQ;
-        const int nq = int(std::min<int64_t>(BQ, p.Tq - i0));
-        T* dq = static_cast<T*>(cx.io.dq) + (bh / p.H) * p.dq.b + (bh % p.H) * p.dq.h +
-                i0 * p.dq.t;
-        float* sum = scratch(size_t(p.D), 0);
-        for (int r = 0; r < nq; ++r) {
-            // from_dq: the first chunk added into dq itself (then T is float).
-            if (from_dq)
-                std::memcpy(sum, reinterpret_cast<const float*>(dq + r * p.dq.t),
-                            sizeof(float) * p.D);
-            else
-                std::memset(sum, 0, sizeof(float) * p.D);
-            for (const Chunk& ch : plan.chunks) {
-                if (ch.offset < 0 || i0 < ch.row0 || i0 >= ch.row1) continue;
-                const int64_t row = bh * cx.partial_rows + ch.offset + (i0 - ch.row0) + r;
-                const float* add = cx.partial + row * Dp;
-                for (int d = 0; d < p.D; ++d) sum[d] += add[d];
-            }
-            store_row(dq + r * p.dq.t, sum, p.D);
+    const bool from_dq = band.chunks[0].offset < 0;
+    const int64_t blocks = (band.row1 - band.row0 + BQ - 1) / BQ;
+    const int64_t bh = t / blocks, i0 = band.row0 + t % blocks * BQ;
+    const int nq = int(std::min<int64_t>(BQ, band.row1 - i0));
+    T* dq = static_cast<T*>(cx.io.dq) + (bh / p.H) * p.dq.b + (bh % p.H) * p.dq.h +
+            i0 * p.dq.t;
+    float* sum = scratch(size_t(p.D), 0);
+    for (int r = 0; r < nq; ++r) {
+        // from_dq: the first chunk added into dq itself (then T is float).
+        if (from_dq)
+            std::memcpy(sum, reinterpret_cast<const float*>(dq + r * p.dq.t),
+                        sizeof(float) * p.D);
+        else
+            std::memset(sum, 0, sizeof(float) * p.D);
+        for (const Chunk& ch : band.chunks) {
+            if (ch.offset < 0 || i0 < ch.row0 || i0 >= ch.row1) continue;
+            const int64_t row = bh * cx.partial_rows + ch.offset + (i0 - ch.row0) + r;
+            const float* add = cx.partial + row * Dp;
+            for (int d = 0; d < p.D; ++d) sum[d] += add[d];
         }
-    });
+        store_row(dq + r * p.dq.t, sum, p.D);
+    }
 }
 
-// dk, dv of each kv head = the sum of its group's per-head partials, in head
-// order, rounded to T once.
+// dk, dv of each kv head = the sum of its task units' float32 sums (one
+// unit, or one per query head of its group), in head order, rounded to T
+// once; task t of dkv_sum_tasks(p) does kDkvSumRows keys of one kv head.
+constexpr int64_t kDkvSumRows = 256;
+int64_t dkv_sum_tasks(const FlashParams& p) {
+    return int64_t(p.B) * p.Hkv * ((int64_t(p.Tk) + kDkvSumRows - 1) / kDkvSumRows);
+}
 template <class T>
-void sum_dkv_partials(const Context& cx) {
+void sum_dkv(const Context& cx, int64_t t) {
     const FlashParams& p = cx.p;
     const int D = p.D;
-    const int64_t rows_per_task = 256;
+    const int64_t rows_per_task = kDkvSumRows;
     const int64_t tasks_per_head = (int64_t(p.Tk) + rows_per_task - 1) / rows_per_task;
-    const size_t all = size_t(p.B) * p.H;
-    parallel_for(int64_t(p.B) * p.Hkv * tasks_per_head, [&](int64_t t) {
-        const int64_t bk = t / tasks_per_head, b = bk / p.Hkv, hk = bk % p.Hkv;
-        const int64_t j0 = t % tasks_per_head * rows_per_task;
-        const int64_t j1 = std::min<int64_t>(j0 + rows_per_task, p.Tk);
-        for (int which = 0; which < 2; ++which) {
-            T* out = static_cast<T*>(which == 0 ? cx.io.dk : cx.io.dv) +
-                     (which == 0 ? b * p.dk.b + hk * p.dk.h : b * p.dv.b + hk * p.dv.h);
-            const float* part = cx.dkv_partial + (which * all + size_t(b * p.H + hk * p.group)) *
-                                                     size_t(p.Tk) * D;
-            float* sum = scratch(size_t(D), 0);
-            for (int64_t j = j0; j < j1; ++j) {
-                std::memcpy(sum, part + j * D, sizeof(float) * D);
-                for (int g = 1; g < p.group; ++g) {
-                    const float* add = part + (size_t(g) * p.Tk + size_t(j)) * D;
-                    for (int d = 0; d < D; ++d) sum[d] += add[d];
-                }
-                store_row(out + j * p.dk.t, sum, D);
+    const int64_t per_kv_head = p.group / cx.heads;
+    const size_t units = size_t(p.B) * (p.H / cx.heads);
+    const int64_t bk = t / tasks_per_head, b = bk / p.Hkv, hk = bk % p.Hkv;
+    const int64_t j0 = t % tasks_per_head * rows_per_task;
+    const int64_t j1 = std::min<int64_t>(j0 + rows_per_task, p.Tk);
+    for (size_t which = 0; which < 2; ++which) {
+        T* out = static_cast<T*>(which == 0 ? cx.io.dk : cx.io.dv) +
+                 (which == 0 ? b * p.dk.b + hk * p.dk.h : b * p.dv.b + hk * p.dv.h);
+        const float* part =
+            cx.dkv_sums +
+            (which * units + size_t(b * (p.H / cx.heads) + hk * per_kv_head)) * size_t(p.Tk) * D;
+        float* sum = scratch(size_t(D), 0);
+        for (int64_t j = j0; j < j1; ++j) {
+            std::memcpy(sum, part + j * D, sizeof(float) * D);
+            for (int64_t g = 1; g < per_kv_head; ++g) {
+                const float* add = part + (size_t(g) * p.Tk + size_t(j)) * D;
+                for (int d = 0; d < D; ++d) sum[d] += add[d];
             }
+            store_row(out + j * p.dk.t, sum, D);
         }
-    });
+    }
 }
 
+// One call's work (cpu/call_phases.h): phase 0 the row deltas; then per
+// band of query rows, the key chunks of every (batch, kv head or query
+// head), and the sums of the dQ partials they left, if any; last the sums
+// of the float32 dK, dV, if any (with the last band's dQ sums when it has
+// some).
 template <class T>
-void backward_call(const FlashParams& p, const BackwardIO& io) {
-    const int BQ = query_block(p.Tq, W);
-    const int Dp = int(round_up(p.D, W));
-    AlignedBuffer delta(size_t(p.B) * p.H * size_t(p.Tq));
-    row_deltas<T>(p, io, delta.data());
+class BackwardCall final : public CallPhases {
+public:
+    BackwardCall(const FlashParams& call, const BackwardIO& call_io, Sharing sharing)
+        : p(call), io(call_io), BQ(query_block(p.Tq, W)), Dp(int(round_up(p.D, W))),
+          delta(size_t(p.B) * p.H * size_t(p.Tq)), heads(heads_per_task(p, sharing)),
+          plan(plan_backward(p, BQ, Dp, heads, std::is_same_v<T, float>, sharing)),
+          partial(size_t(p.B) * p.H * size_t(plan.partial_rows) * Dp) {
+        // dK, dV are summed in float32 apart from dk and dv where one task
+        // unit is not a whole group (summed over the group at the end), or
+        // where bands add to what earlier bands left and T is a half type.
+        if (heads < p.group || (!std::is_same_v<T, float> && plan.bands.size() > 1))
+            dkv_sums.resize(2 * size_t(p.B) * (p.H / heads) * size_t(p.Tk) * p.D);
+        // q and do in pairs where each query tile meets several key blocks.
+        if (amx_scores<T>(p) && p.Tk > kBlockK) {
+            q_pairs = PairedRows(std::in_place_type<T>, io.q, p.q, p.B, p.H, p.Tq, p.D);
+            do_pairs = PairedRows(std::in_place_type<T>, io.dout, p.dout, p.B, p.H, p.Tq, p.D);
+        }
+        units = int64_t(p.B) * p.H / heads;
+        const int64_t dkv = dkv_sums.data() ? dkv_sum_tasks(p) : 0;
+        steps.push_back({Step::kDeltas, nullptr, row_delta_tasks(p), 0});
+        for (const Band& band : plan.bands) {
+            steps.push_back({Step::kChunks, &band, units * int64_t(band.chunks.size()), 0});
+            if (band.partial_rows > 0)
+                steps.push_back({Step::kSums, &band, partial_sum_tasks(p, BQ, band), 0});
+        }
+        if (dkv > 0) {
+            if (steps.back().kind != Step::kSums) steps.push_back({Step::kSums, nullptr, 0, 0});
+            steps.back().dkv_tasks = dkv;
+        }
+    }
 
-    const int heads = heads_per_task(p);
-    const ChunkPlan plan = choose_chunks(p, BQ, Dp, heads, std::is_same_v<T, float>);
-    AlignedBuffer partial(size_t(p.B) * p.H * size_t(plan.partial_rows) * Dp);
-    AlignedBuffer dkv_partial(heads < p.group ? 2 * size_t(p.B) * p.H * size_t(p.Tk) * p.D : 0);
-    // q and do in pairs where each query tile meets several key blocks.
-    const bool pair = amx_scores<T>(p) && p.Tk > kBlockK;
-    const PairedRows q_pairs =
-        pair ? PairedRows(std::in_place_type<T>, io.q, p.q, p.B, p.H, p.Tq, p.D) : PairedRows();
-    const PairedRows do_pairs = pair ? PairedRows(std::in_place_type<T>, io.dout, p.dout, p.B,
-                                                  p.H, p.Tq, p.D)
-                                     : PairedRows();
-    const Context cx{p,  io, delta.data(), partial.data(), plan.partial_rows, BQ,
-                     Dp, heads, dkv_partial.data(), q_pairs, do_pairs};
+    int phases() const override { return int(steps.size()); }
+    int64_t tasks(int phase) const override {
+        const Step& s = steps[size_t(phase)];
+        return s.tasks + s.dkv_tasks;
+    }
+    void run(int phase, int64_t t) override {
+        const Step& s = steps[size_t(phase)];
+        if (s.kind == Step::kDeltas) {
+            row_deltas<T>(p, io, delta.data(), t);
+        } else if (s.kind == Step::kChunks) {
+            const int64_t c = t / units, u = t % units;
+            const int64_t per_batch = p.H / heads;
+            chunk_task<T>(context(), u / per_batch, u % per_batch * heads, *s.band,
+                          s.band->chunks[size_t(c)]);
+        } else if (t < s.tasks) {
+            sum_partials<T>(context(), *s.band, t);
+        } else {
+            sum_dkv<T>(context(), t - s.tasks);
+        }
+    }
 
-    const int64_t units = int64_t(p.B) * p.H / heads;
-    const int64_t n_chunks = int64_t(plan.chunks.size());
-    parallel_for(units * n_chunks, [&](int64_t t) {
-        const int64_t c = t / units, u = t % units;
-        const int64_t per_batch = p.H / heads;
-        chunk_task<T>(cx, u / per_batch, u % per_batch * heads, plan.chunks[size_t(c)]);
-    });
-    if (plan.partial_rows > 0) sum_partials<T>(cx, plan);
-    if (heads < p.group) sum_dkv_partials<T>(cx);
-}
+private:
+    Context context() const {
+        return Context{p,  io, delta.data(), partial.data(), plan.partial_rows, BQ,
+                       Dp, heads, dkv_sums.data(), q_pairs, do_pairs};
+    }
+
+    // A phase: the row deltas, a band's chunks, or sums (a band's dQ
+    // partials, tasks of them, then dkv_tasks of the dK, dV sums).
+    struct Step {
+        enum Kind { kDeltas, kChunks, kSums } kind;
+        const Band* band;
+        int64_t tasks, dkv_tasks;
+    };
+
+    const FlashParams p;
+    const BackwardIO io;
+    const int BQ, Dp;
+    AlignedBuffer delta;
+    const int heads;
+    const BackwardPlan plan;
+    AlignedBuffer partial, dkv_sums;
+    PairedRows q_pairs, do_pairs;
+    int64_t units = 0;
+    std::vector<Step> steps;
+};
 
 }  // namespace
 
+std::unique_ptr<CallPhases> backward_phases(const FlashParams& p, const BackwardIO& io,
+                                            Sharing sharing) {
+    std::unique_ptr<CallPhases> call;
+    with_element_type(io.dtype, [&](auto element) {
+        call = std::make_unique<BackwardCall<decltype(element)>>(p, io, sharing);
+    });
+    return call;
+}
+
 void attention_backward(const FlashParams& p, const BackwardIO& io) {
-    with_element_type(io.dtype, [&](auto element) { backward_call<decltype(element)>(p, io); });
+    run_phases(*FLASHATTN_CPU_ISA::backward_phases(p, io, Sharing{}));
 }
 
 }  // namespace flashattn::cpu::FLASHATTN_CPU_ISA

@@ -21,6 +21,12 @@ public:
     void backward(const FlashParams& p, const BackwardIO& io) override {
         cpu::attention_backward(p, io);
     }
+    void forward_varlen(const Varlen& call, const ForwardIO& io) override {
+        cpu::attention_forward_varlen(call, io);
+    }
+    void backward_varlen(const Varlen& call, const BackwardIO& io) override {
+        cpu::attention_backward_varlen(call, io);
+    }
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <stdexcept>
 
 #include "cpu/attention.h"
+#include "cpu/call_phases.h"
 #include "cpu/kernels.h"
 #include "cpu/peak.h"
 
@@ -35,6 +36,8 @@ struct Path {
     bool (*runs_here)();
     void (*forward)(const FlashParams&, const ForwardIO&);
     void (*backward)(const FlashParams&, const BackwardIO&);
+    std::unique_ptr<CallPhases> (*forward_phases)(const FlashParams&, const ForwardIO&, Sharing);
+    std::unique_ptr<CallPhases> (*backward_phases)(const FlashParams&, const BackwardIO&, Sharing);
     double (*fma_peak)(double, int);
     int (*vector_width)();
 };
@@ -62,6 +65,7 @@ bool has_avx512() {
 #define FLASHATTN_PATH(isa, test)                                                      \
     Path {                                                                             \
         #isa, test, isa::attention_forward, isa::attention_backward,                   \
+            isa::forward_phases, isa::backward_phases,                                 \
             isa::measure_fma_peak, isa::vector_width                                   \
     }
 
@@ -138,6 +142,14 @@ int active_vector_width() { return active().vector_width(); }
 void attention_forward(const FlashParams& p, const ForwardIO& io) { active().forward(p, io); }
 void attention_backward(const FlashParams& p, const BackwardIO& io) {
     active().backward(p, io);
+}
+std::unique_ptr<CallPhases> forward_phases(const FlashParams& p, const ForwardIO& io,
+                                           Sharing sharing) {
+    return active().forward_phases(p, io, sharing);
+}
+std::unique_ptr<CallPhases> backward_phases(const FlashParams& p, const BackwardIO& io,
+                                            Sharing sharing) {
+    return active().backward_phases(p, io, sharing);
 }
 double measure_fma_peak(double seconds, int threads) {
     return active().fma_peak(seconds, threads);

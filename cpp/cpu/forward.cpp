@@ -522,6 +522,7 @@ void forward_block(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t
                                                     n_blocks - 1)
                               : 0;
     for (int64_t n = 0; n < n_blocks; ++n) {
+        stop_if_interrupted();  // a tile may face a million keys
         const int64_t kb = n <= first ? first - n : n;  // first, first - 1, ..., 0, first + 1, ...
         const int64_t j0 = keys.begin + kb * kBlockK;
         if (n + 1 < n_blocks && !tile.alibi()) {  // the next block, while this one computes
@@ -559,6 +560,7 @@ void forward_group(const FlashParams& p, const ForwardIO& io, const QueryTile* t
         end = std::max(end, ends.back());
     }
     for (int64_t j0 = begin; j0 < end; j0 += kBlockK) {
+        stop_if_interrupted();
         if (j0 + kBlockK < end) {  // the next block, while this one computes
             const int64_t j1 = j0 + kBlockK;
             states[0].prefetch(j1, int(std::min<int64_t>(kBlockK, end - j1)));
@@ -578,8 +580,9 @@ void forward_group(const FlashParams& p, const ForwardIO& io, const QueryTile* t
 // each; every chunk leaves each of its tiles a partial o and lse, and a
 // second pass merges them exactly (cpu/merge.h,
 // fa.merge_states' formula). The split depends on the shape alone, never on
-// the thread count, so neither do the results.
-constexpr int64_t kTargetTasks = 16;
+// the thread count, so neither do the results. Four tasks per core of a
+// 16-core machine: with 16, one late thread held up the whole call.
+constexpr int64_t kTargetTasks = 64;
 constexpr int64_t kSplitMinKeys = 512;
 constexpr size_t kDecodeStateBytes = 512 << 10;
 // Keys per step when a task carries several kv heads: the heads' rows of a
@@ -623,85 +626,105 @@ void decode_rows(const FlashParams& p, const ForwardIO& io, int64_t b, int64_t h
         }
 }
 
+// One call's work (cpu/call_phases.h): phase 0 the tasks, each one or more
+// query tiles (or split-KV parts of one) through their keys; phase 1, with
+// split-KV only, the merge of each tile's parts.
 template <class T>
-void forward_call(const FlashParams& p, const ForwardIO& io) {
-    // A kv head's query heads share a tile, unless a score option (whose
-    // values are per head) is in force: then each head has its own tiles.
-    const int g = p.score_mods == 0 ? p.group : 1;
-    const int64_t units = int64_t(p.B) * p.H / g;  // per batch and kv head, or per query head
-    const int64_t rows = int64_t(p.Tq) * g;        // per unit, its query heads packed
-    const int BQ = query_block(rows, W);
-    const int64_t blocks = (rows + BQ - 1) / BQ;
-    const int64_t tiles = units * blocks;
-    const int64_t per_batch = p.H / g;
-    const int64_t tiles_per_batch = per_batch * blocks;
-    // Decoding (all of a kv head's rows in one tile, its group packed): one
-    // task carries several kv heads' tiles through the keys together, key
-    // block by key block. A key's K (and V) rows of neighbouring heads sit
-    // side by side, so the task reads one long stream the hardware
-    // prefetchers follow, not 512-byte pieces a head stride apart (which
-    // left decoding at a fraction of the read bandwidth). Their states stay
-    // within kDecodeStateBytes, about a quarter of L2. (ALiBi tiles walk
-    // their keys in their own order: forward_block.)
-    const bool alibi = p.score_mods & FA_SCORE_ALIBI;
-    const int64_t heads_per_task =
-        blocks == 1 && g == p.group && !alibi
-            ? std::clamp<int64_t>(int64_t(kDecodeStateBytes /
-                                          (sizeof(float) * TileState<T>::state_floats(p, BQ))),
-                                  1, per_batch)
-            : 1;
-    const int64_t decode_tasks = p.B * ((tiles_per_batch + heads_per_task - 1) / heads_per_task);
-    const int64_t splits =
-        decode_tasks >= kTargetTasks
-            ? 1
-            : std::max<int64_t>(1, std::min((kTargetTasks + decode_tasks - 1) / decode_tasks,
-                                            int64_t(p.Tk) / kSplitMinKeys));
-    // Half inputs, converted to float32 as each key block is loaded: a task
-    // carries up to kGroupTiles query tiles of a kv head through the keys
-    // together, so that each block is converted once for all of them
-    // (forward_group; about a tenth of a bfloat16 forward's time went to
-    // converting the same blocks once per tile). Fewer when the call would
-    // leave too few tasks to share among the threads: the grouping changes
-    // how the work is shared out, never what a tile computes.
-    int64_t per_task = heads_per_task;
-    if (!std::is_same_v<T, float> && !amx_scores<T>(p) && splits == 1 && blocks >= 2 && !alibi)
-        for (per_task = std::min<int64_t>(kGroupTiles, blocks);
-             per_task > 1 &&
-             p.B * ((tiles_per_batch + per_task - 1) / per_task) < kTasksPerThread * num_threads();
-             per_task /= 2) {
-        }
-    const int64_t tasks_per_batch = (tiles_per_batch + per_task - 1) / per_task;
-    const int64_t tasks = p.B * tasks_per_batch;
+class ForwardCall final : public CallPhases {
+public:
+    ForwardCall(const FlashParams& call, const ForwardIO& call_io, Sharing sharing)
+        : p(call), io(call_io) {
+        // A kv head's query heads share a tile, unless a score option (whose
+        // values are per head) is in force: then each head has its own tiles.
+        g = p.score_mods == 0 ? p.group : 1;
+        const int64_t units = int64_t(p.B) * p.H / g;  // per batch and kv head, or per query head
+        rows = int64_t(p.Tq) * g;                      // per unit, its query heads packed
+        BQ = query_block(rows, W);
+        blocks = (rows + BQ - 1) / BQ;
+        tiles = units * blocks;
+        per_batch = p.H / g;
+        tiles_per_batch = per_batch * blocks;
+        // Decoding (all of a kv head's rows in one tile, its group packed): one
+        // task carries several kv heads' tiles through the keys together, key
+        // block by key block. A key's K (and V) rows of neighbouring heads sit
+        // side by side, so the task reads one long stream the hardware
+        // prefetchers follow, not 512-byte pieces a head stride apart (which
+        // left decoding at a fraction of the read bandwidth). Their states stay
+        // within kDecodeStateBytes, about a quarter of L2. (ALiBi tiles walk
+        // their keys in their own order: forward_block.)
+        alibi = p.score_mods & FA_SCORE_ALIBI;
+        const int64_t heads_per_task =
+            blocks == 1 && g == p.group && !alibi
+                ? std::clamp<int64_t>(int64_t(kDecodeStateBytes /
+                                              (sizeof(float) * TileState<T>::state_floats(p, BQ))),
+                                      1, per_batch)
+                : 1;
+        const int64_t decode_tasks =
+            p.B * ((tiles_per_batch + heads_per_task - 1) / heads_per_task) + sharing.other_tasks;
+        splits = decode_tasks >= kTargetTasks
+                     ? 1
+                     : std::max<int64_t>(1, std::min((kTargetTasks + decode_tasks - 1) / decode_tasks,
+                                                     int64_t(p.Tk) / kSplitMinKeys));
+        // Half inputs, converted to float32 as each key block is loaded: a task
+        // carries up to kGroupTiles query tiles of a kv head through the keys
+        // together, so that each block is converted once for all of them
+        // (forward_group; about a tenth of a bfloat16 forward's time went to
+        // converting the same blocks once per tile). Fewer when the call would
+        // leave too few tasks to share among the threads: the grouping changes
+        // how the work is shared out, never what a tile computes.
+        per_task = heads_per_task;
+        if (!std::is_same_v<T, float> && !amx_scores<T>(p) && splits == 1 && blocks >= 2 && !alibi)
+            for (per_task = std::min<int64_t>(kGroupTiles, blocks);
+                 per_task > 1 &&
+                 p.B * ((tiles_per_batch + per_task - 1) / per_task) + sharing.other_tasks <
+                     kTasksPerThread * num_threads();
+                 per_task /= 2) {
+            }
+        tasks_per_batch = (tiles_per_batch + per_task - 1) / per_task;
+        n_tasks = p.B * tasks_per_batch;
+        const size_t parts = splits == 1 ? 0 : size_t(tiles * splits);
+        part_o.resize(parts * BQ * p.D);
+        part_lse.resize(parts * BQ);
+        // V in pairs where each key block meets several query tiles (tasks that
+        // carry several heads lay out each block once and use it once).
+        if (amx_scores<T>(p) && per_task == 1 && blocks >= 2)
+            v_pairs = PairedRows(std::in_place_type<T>, io.v, p.v, p.B, p.H / p.group, p.Tk, p.D);
+    }
+
+    int phases() const override { return splits == 1 ? 1 : 2; }
+    int64_t tasks(int phase) const override { return phase == 0 ? n_tasks * splits : tiles; }
+    void run(int phase, int64_t task) override {
+        if (phase == 0)
+            run_task(task);
+        else
+            merge_tile(task);
+    }
+
+private:
     using Tile = QueryTile;
+
     // Consecutive tiles share a kv head, so its K and V stay in cache; within
     // a head the last query blocks (the most keys under a causal mask) come
     // first, so the tasks left at the end are small and threads finish together.
-    auto tile_of = [&](int64_t t) {
+    Tile tile_of(int64_t t) const {
         const int64_t u = t / blocks, R0 = (blocks - 1 - t % blocks) * BQ;
         return Tile{u / per_batch, u % per_batch * g, R0, int(std::min<int64_t>(BQ, rows - R0))};
-    };
-    const size_t parts = splits == 1 ? 0 : size_t(tiles * splits);
-    AlignedBuffer part_o(parts * BQ * p.D), part_lse(parts * BQ);
+    }
     // Split s of a band of keys: chunks of whole key blocks.
-    auto part_keys = [&](Range band, int64_t s) {
+    Range part_keys(Range band, int64_t s) const {
         const int64_t chunk =
             round_up((std::max<int64_t>(band.end - band.begin, 0) + splits - 1) / splits, kBlockK);
         const int64_t begin = std::min(band.end, band.begin + s * chunk);
         return Range{begin, std::min(band.end, begin + chunk)};
-    };
-    auto output_of = [&](int64_t t, int64_t s) {
+    }
+    TileOutput output_of(int64_t t, int64_t s) const {
         return splits == 1 ? TileOutput{}
                            : TileOutput{part_o.data() + size_t(t * splits + s) * BQ * p.D,
                                         part_lse.data() + size_t(t * splits + s) * BQ};
-    };
-    // V in pairs where each key block meets several query tiles (tasks that
-    // carry several heads lay out each block once and use it once).
-    const PairedRows v_pairs = amx_scores<T>(p) && per_task == 1 && blocks >= 2
-                                   ? PairedRows(std::in_place_type<T>, io.v, p.v, p.B,
-                                                p.H / p.group, p.Tk, p.D)
-                                   : PairedRows();
-    parallel_for(tasks * splits, [&](int64_t task) {
-        const AmxScope tiles(amx_scores<T>(p));
+    }
+
+    void run_task(int64_t task) const {
+        const AmxScope amx_tiles(amx_scores<T>(p));
         const int64_t u = task / splits, s = task % splits, first = u % tasks_per_batch * per_task;
         const int64_t t0 = u / tasks_per_batch * tiles_per_batch + first;
         const int64_t n = std::min(per_task, tiles_per_batch - first);
@@ -746,6 +769,7 @@ void forward_call(const FlashParams& p, const ForwardIO& io) {
         float* V = together ? scratch(size_t(n) * kDecodeBlockK * Dp, 14) : nullptr;
         const int step_keys = amx_scores<T>(p) ? kDecodeAmxBlockK : kDecodeBlockK;
         for (int64_t j0 = keys.begin; j0 < keys.end; j0 += step_keys) {
+            if ((j0 - keys.begin) % kBlockK == 0) stop_if_interrupted();  // each kBlockK keys
             const int nk = int(std::min<int64_t>(step_keys, keys.end - j0));
             if (together) decode_rows<T>(p, io, x0.b, x0.head0 / p.group, int(n), j0, nk, K, V);
             for (int64_t i = 0; i < n; ++i) {
@@ -758,9 +782,9 @@ void forward_call(const FlashParams& p, const ForwardIO& io) {
             }
         }
         for (int64_t i = 0; i < n; ++i) heads[size_t(i)].finish(output_of(t0 + i, s));
-    });
-    if (splits == 1) return;
-    parallel_for(tiles, [&](int64_t t) {
+    }
+
+    void merge_tile(int64_t t) const {
         const Tile x = tile_of(t);
         const float* o_parts = part_o.data() + size_t(t * splits) * BQ * p.D;
         const float* lse_parts = part_lse.data() + size_t(t * splits) * BQ;
@@ -771,13 +795,33 @@ void forward_call(const FlashParams& p, const ForwardIO& io) {
                       merged, io.lse + (x.b * p.H + h) * int64_t(p.Tq) + tq);
             store_row(static_cast<T*>(io.o) + x.b * p.o.b + h * p.o.h + tq * p.o.t, merged, p.D);
         }
-    });
-}
+    }
+
+    const FlashParams p;
+    const ForwardIO io;
+    int g = 1;
+    int64_t rows = 0;
+    int BQ = 0;
+    int64_t blocks = 0, tiles = 0, per_batch = 0, tiles_per_batch = 0;
+    bool alibi = false;
+    int64_t splits = 1, per_task = 1, tasks_per_batch = 0, n_tasks = 0;
+    AlignedBuffer part_o, part_lse;
+    PairedRows v_pairs;
+};
 
 }  // namespace
 
+std::unique_ptr<CallPhases> forward_phases(const FlashParams& p, const ForwardIO& io,
+                                           Sharing sharing) {
+    std::unique_ptr<CallPhases> call;
+    with_element_type(io.dtype, [&](auto element) {
+        call = std::make_unique<ForwardCall<decltype(element)>>(p, io, sharing);
+    });
+    return call;
+}
+
 void attention_forward(const FlashParams& p, const ForwardIO& io) {
-    with_element_type(io.dtype, [&](auto element) { forward_call<decltype(element)>(p, io); });
+    run_phases(*FLASHATTN_CPU_ISA::forward_phases(p, io, Sharing{}));
 }
 
 }  // namespace flashattn::cpu::FLASHATTN_CPU_ISA

@@ -36,6 +36,7 @@
 #include "core/engine.h"
 #include "core/host_memory.h"
 #include "flash_params.h"
+#include "cpu/call_phases.h"
 #include "cpu/thread_pool.h"
 
 // Which vector code simd.h and gemm.h use: FLASHATTN_SIMD_AVX512,

@@ -25,6 +25,34 @@
 namespace flashattn::cpu {
 namespace {
 
+struct Job;
+
+// FLASHATTN_CPU_PROFILE=1: every call's task times are recorded (thread_pool.h).
+bool profiling() {
+    static const bool on = [] {
+        const char* env = std::getenv("FLASHATTN_CPU_PROFILE");
+        return env && env[0] == '1' && env[1] == '\0';
+    }();
+    return on;
+}
+
+std::mutex g_profile_m;
+std::vector<PoolCallProfile> g_profile;
+
+int64_t now_ns() {
+    return std::chrono::duration_cast<std::chrono::nanoseconds>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+// The task this thread is running, for stop_if_interrupted: its job, and
+// whether this thread submitted it (then it polls for the interrupt).
+struct CurrentTask {
+    Job* job = nullptr;
+    bool by_caller = false;
+};
+thread_local CurrentTask t_current;
+
 struct Job {
     const std::function<void(int64_t)>* task = nullptr;
     int64_t n = 0;
@@ -32,23 +60,49 @@ struct Job {
     std::atomic<int64_t> done{0};
     // Set when the call is interrupted: the tasks not yet started are skipped.
     std::atomic<bool> cancelled{false};
+    bool profile = false;  // time each task (profiling())
+    std::atomic<int64_t> busy_ns{0}, longest_ns{0};
     std::mutex m;  // guards error and the wake-up of the submitter
     std::condition_variable finished;
     std::exception_ptr error;
 
     bool stopping() const { return cancelled.load(std::memory_order_relaxed) || all_calls_stopped(); }
 
-    // Claims and runs tasks until none is left to claim. The submitting
-    // thread (by_caller) also polls for an interrupt before each of its tasks.
-    void work(bool by_caller) {
-        for (int64_t i; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
-            if (by_caller && interrupt_requested()) cancelled.store(true);
-            if (!stopping()) {
+    // True when the call should stop; the submitting thread (by_caller)
+    // polls for an interrupt first. Called with no lock held: the poll runs
+    // Python's signal handlers, which may call in again (set_num_threads
+    // joins the workers, which then need this job's lock to finish).
+    bool check(bool by_caller) {
+        if (by_caller && interrupt_requested()) cancelled.store(true);
+        return stopping();
+    }
+
+    // Claims and runs tasks until none is left to claim, checking before
+    // each; a task checks between its blocks of work too (stop_if_interrupted).
+    // True for the one thread whose claim first found the job exhausted (it
+    // takes the job off the queue).
+    bool work(bool by_caller) {
+        const CurrentTask outer = t_current;
+        int64_t i;
+        for (; (i = next.fetch_add(1, std::memory_order_relaxed)) < n;) {
+            if (!check(by_caller)) {
+                t_current = {this, by_caller};
+                const int64_t t0 = profile ? now_ns() : 0;
                 try {
                     (*task)(i);
+                } catch (const Interrupted&) {
+                    cancelled.store(true);
                 } catch (...) {
                     std::lock_guard<std::mutex> lk(m);
                     if (!error) error = std::current_exception();
+                }
+                t_current = outer;
+                if (profile) {
+                    const int64_t t = now_ns() - t0;
+                    busy_ns.fetch_add(t, std::memory_order_relaxed);
+                    int64_t seen = longest_ns.load(std::memory_order_relaxed);
+                    while (t > seen && !longest_ns.compare_exchange_weak(seen, t)) {
+                    }
                 }
             }
             if (done.fetch_add(1, std::memory_order_acq_rel) + 1 == n) {
@@ -56,6 +110,7 @@ struct Job {
                 finished.notify_all();
             }
         }
+        return i == n;
     }
 };
 
@@ -121,9 +176,12 @@ public:
         auto job = std::make_shared<Job>();
         job->task = &task;
         job->n = n;
+        job->profile = profiling();
+        const int64_t start = job->profile ? now_ns() : 0;
         if (n > 1 && threads_.load() > 1) {
             std::lock_guard<std::mutex> lk(m_);
             queue_.push_back(job);
+            if (queue_.size() == 1) publish_front();
             queued_.fetch_add(1, std::memory_order_release);
             wake_.notify_all();
         }
@@ -134,12 +192,21 @@ public:
         while (job->done.load(std::memory_order_acquire) != n &&
                std::chrono::steady_clock::now() < until)
             cpu_relax();
-        {
-            std::unique_lock<std::mutex> lk(job->m);
-            while (!job->finished.wait_for(lk, kWaitSlice, [&] { return job->done.load() == n; }))
-                if (interrupt_requested()) job->cancelled.store(true);
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> lk(job->m);
+                if (job->finished.wait_for(lk, kWaitSlice, [&] { return job->done.load() == n; }))
+                    break;
+            }
+            job->check(true);  // without the lock: the poll may call in again
         }
         retire(job);
+        if (job->profile) {
+            const double wall = 1e-9 * double(now_ns() - start);
+            std::lock_guard<std::mutex> lk(g_profile_m);
+            g_profile.push_back({n, threads_.load(), wall, 1e-9 * double(job->busy_ns.load()),
+                                 1e-9 * double(job->longest_ns.load())});
+        }
         if (job->stopping()) throw Interrupted();
         if (job->error) std::rethrow_exception(job->error);
     }
@@ -174,49 +241,77 @@ private:
         threads_.store(1);  // the callers alone, until start()
     }
 
+    // Takes the job off the queue (if it is still there): by its submitter
+    // once done, and by the thread that found it exhausted, so that idle
+    // workers stop taking it and sleep again.
     void retire(const std::shared_ptr<Job>& job) {
-        std::lock_guard<std::mutex> lk(m_);
+        std::unique_lock<std::mutex> lk(m_, std::defer_lock);
+        lock_spinning(lk);
         for (auto it = queue_.begin(); it != queue_.end(); ++it)
             if (*it == job) {
+                const bool front = it == queue_.begin();
                 queue_.erase(it);
+                if (front) publish_front();
                 queued_.fetch_sub(1, std::memory_order_relaxed);
                 break;
             }
     }
 
     void loop() {
-        std::unique_lock<std::mutex> lk(m_);
         for (;;) {
-            if (!stopping_ && queue_.empty()) {
-                lk.unlock();
-                spin_for_work();
-                lk.lock();
-            }
-            wake_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-            if (stopping_) return;
-            std::shared_ptr<Job> job = queue_.front();
-            // An exhausted job leaves the queue so idle workers sleep again.
-            if (job->next.load(std::memory_order_relaxed) >= job->n) {
-                queue_.pop_front();
-                queued_.fetch_sub(1, std::memory_order_relaxed);
-                continue;
-            }
-            lk.unlock();
-            job->work(false);
-            lk.lock();
+            std::shared_ptr<Job> job = wait_for_job();
+            if (!job) return;  // stopping
+            if (job->work(false)) retire(job);
         }
     }
 
-    // A worker that ran out of work watches the queue for a moment before it
-    // sleeps: calls come in bursts (a training step is a forward, then a
-    // backward, per layer), and a sleeping worker takes a futex wake-up and
-    // a reschedule, tens of microseconds on a shared machine, to join the
-    // next one; a small call lasts not much longer.
-    void spin_for_work() const {
+    // The job at the queue's front, or null once the pool stops. A worker
+    // that ran out of work watches the queue for a moment before it sleeps:
+    // calls come in bursts (a training step is a forward, then a backward,
+    // per layer), and a sleeping worker takes a futex wake-up and a
+    // reschedule, tens of microseconds on a shared machine (more where a
+    // virtual CPU halts), to join the next one; a small call lasts not much
+    // longer. While watching it never sleeps on a lock either: it reads the
+    // front job through front_ (a spinlock held for one pointer copy), so a
+    // call's workers all start within a microsecond or two of it, where
+    // taking m_ one after another put most of them to sleep on it (16
+    // threads: 18.5 us beyond a 20 us task, issue 36).
+    std::shared_ptr<Job> wait_for_job() {
         const auto until = std::chrono::steady_clock::now() + kSpin;
-        while (queued_.load(std::memory_order_acquire) == 0 &&
-               std::chrono::steady_clock::now() < until)
+        for (;;) {
+            if (queued_.load(std::memory_order_acquire) > 0)
+                if (std::shared_ptr<Job> job = front()) return job;
+            if (std::chrono::steady_clock::now() >= until) break;
             cpu_relax();
+        }
+        std::unique_lock<std::mutex> lk(m_);
+        wake_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+        if (stopping_) return nullptr;
+        return queue_.front();
+    }
+
+    // m_, taken without ever sleeping on it (its holders keep it for a few
+    // pointer operations).
+    static void lock_spinning(std::unique_lock<std::mutex>& lk) {
+        while (!lk.try_lock()) cpu_relax();
+    }
+
+    // front_ = the queue's front job (or null); m_ is held.
+    void publish_front() {
+        std::shared_ptr<Job> job = queue_.empty() ? nullptr : queue_.front();
+        while (front_lock_.exchange(true, std::memory_order_acquire)) cpu_relax();
+        front_.swap(job);
+        front_lock_.store(false, std::memory_order_release);
+    }  // (the old front is released here, outside the spinlock)
+
+    std::shared_ptr<Job> front() {
+        for (;;) {
+            while (front_lock_.load(std::memory_order_relaxed)) cpu_relax();
+            if (!front_lock_.exchange(true, std::memory_order_acquire)) break;
+        }
+        std::shared_ptr<Job> job = front_;
+        front_lock_.store(false, std::memory_order_release);
+        return job;
     }
 
     std::mutex resize_m_;
@@ -224,6 +319,8 @@ private:
     std::condition_variable wake_;
     std::deque<std::shared_ptr<Job>> queue_;
     std::atomic<int> queued_{0};  // queue_.size(), for the spinning workers (no lock)
+    std::shared_ptr<Job> front_;  // queue_.front(), for the spinning workers
+    std::atomic<bool> front_lock_{false};
     std::vector<std::thread> workers_;
     bool stopping_ = false;
     std::atomic<int> threads_{1};
@@ -275,7 +372,20 @@ void set_num_threads(int n) {
 
 int num_threads() { return pool().threads(); }
 
+void stop_if_interrupted() {
+    const CurrentTask current = t_current;
+    if (!current.job) return throw_if_interrupted();  // not inside a pool task
+    if (current.job->check(current.by_caller)) throw Interrupted();
+}
+
 void parallel_for(int64_t n, const std::function<void(int64_t)>& task) { pool().run(n, task); }
+
+std::vector<PoolCallProfile> take_pool_profile() {
+    std::lock_guard<std::mutex> lk(g_profile_m);
+    std::vector<PoolCallProfile> out;
+    out.swap(g_profile);
+    return out;
+}
 
 double pool_wakeup_us(int calls) {
     // Each task works for kTask; with every thread taking one at once a call

@@ -1,6 +1,7 @@
 // The engines this build has, best first, created once on first use. Each is
 // started on its own (engine_set.h): an engine that fails is left out with
-// its reason, which fa.backends() callers see through missing_engines().
+// its reason, which fa.backends() callers see through missing_engines(); so
+// is one that fails its self-test later (Engine::unusable_reason).
 #include "core/registry.h"
 
 #include <exception>
@@ -61,26 +62,35 @@ EngineSet& registry() {
 
 std::vector<std::string> available_engines() {
     std::vector<std::string> names;
-    for (const auto& e : registry().engines) names.push_back(e->name());
+    for (const auto& e : registry().engines)
+        if (e->unusable_reason().empty()) names.push_back(e->name());
     return names;
 }
 
-std::vector<MissingEngine> missing_engines() { return registry().missing; }
+// Engines that could not start, then those left out since (a failed self-test).
+std::vector<MissingEngine> missing_engines() {
+    std::vector<MissingEngine> missing = registry().missing;
+    for (const auto& e : registry().engines)
+        if (std::string why = e->unusable_reason(); !why.empty())
+            missing.push_back({e->name(), why, true});
+    return missing;
+}
 
 Engine& default_engine() {
     EngineSet& set = registry();
-    if (set.engines.empty())
-        throw std::runtime_error("flashattn: no engine could start" +
-                                 (set.missing.empty() ? std::string()
-                                                      : ": " + set.missing.front().name + ": " +
-                                                            set.missing.front().reason));
-    return *set.engines.front();
+    for (const auto& e : set.engines)
+        if (e->unusable_reason().empty()) return *e;
+    const std::vector<MissingEngine> missing = missing_engines();
+    throw std::runtime_error("flashattn: no engine could start" +
+                             (missing.empty() ? std::string()
+                                              : ": " + missing.front().name + ": " +
+                                                    missing.front().reason));
 }
 
 Engine& get_engine(const std::string& name) {
     for (const auto& e : registry().engines)
-        if (e->name() == name) return *e;
-    for (const MissingEngine& m : registry().missing)
+        if (e->name() == name && e->unusable_reason().empty()) return *e;
+    for (const MissingEngine& m : missing_engines())
         if (m.name == name)
             throw std::invalid_argument("backend: engine '" + name + "' is not available: " +
                                         m.reason);

@@ -94,10 +94,11 @@ n_shaders=$(ls "$repo"/shaders/*.metal | wc -l)
 [ "$(grep -c ' metal ' "$log")" -eq "$n_shaders" ] || fail "a shared header change did not recompile every shader"
 echo "ok: a change to shaders/flash_params.h recompiles all $n_shaders shader(s)"
 
-# Foundation re-exports CoreFoundation (where NSURL lives).
+# Foundation re-exports CoreFoundation (where NSURL and the CF* functions
+# live); IOKit has the registry calls that read the GPU's core count.
 frameworks="$sdk/System/Library/Frameworks"
 tbds=("$frameworks/Metal.framework/Metal.tbd" "$frameworks/Foundation.framework/Foundation.tbd"
-      "$frameworks/CoreFoundation.framework/CoreFoundation.tbd")
+      "$frameworks/CoreFoundation.framework/CoreFoundation.tbd" "$frameworks/IOKit.framework/IOKit.tbd")
 missing=0
 while read -r sym; do
   case "$sym" in
@@ -105,10 +106,10 @@ while read -r sym; do
     *) pattern="(^|[^A-Za-z0-9_])${sym}([^A-Za-z0-9_]|$)" ;;                              # C symbols keep their _
   esac
   if ! grep -qE -- "$pattern" "${tbds[@]}"; then
-    fail "symbol $sym is not exported by Metal or Foundation"; missing=1
+    fail "symbol $sym is not exported by Metal, Foundation or IOKit"; missing=1
   fi
-done < <(llvm-nm-16 -u "$build/cpp/metal/libflashattn_metal.a" | grep -E '^_(OBJC_CLASS_\$_)?(MTL|NS)' | sort -u)
-[ $missing -eq 0 ] && echo "ok: every MTL*/NS* symbol of flashattn_metal is exported by the SDK's Metal/Foundation .tbd"
+done < <(llvm-nm-16 -u "$build/cpp/metal/libflashattn_metal.a" | grep -E '^_(OBJC_CLASS_\$_)?(MTL|NS|IO|CF|kIO|kCF)' | sort -u)
+[ $missing -eq 0 ] && echo "ok: every MTL*/NS*/IO*/CF* symbol of flashattn_metal is exported by the SDK's Metal/Foundation/IOKit .tbd"
 
 # configure_case NAME FLASHATTN_METAL XCRUN_MODE: configures a fresh build dir,
 # leaving its output in $work/NAME.out and its status in $?.

@@ -16,6 +16,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/gpu_info.h"
 #include "core/plan.h"
 #include "metal/buffer_pool.h"
 #include "metal/staging.h"
@@ -65,10 +66,19 @@ public:
 
     id<MTLDevice> device() const { return device_; }
     std::string name() const;
+    // The GPU as the plan sizes for it (core/gpu_info.h), read once at creation.
+    const GpuInfo& gpu() const { return gpu_; }
+    // MTLDevice.architecture.name, e.g. "applegpu_g14d".
+    const std::string& architecture() const { return architecture_; }
 
     // Created once per kernel name and constant values, then cached.
     id<MTLComputePipelineState> pipeline(const std::string& kernel,
                                          const std::vector<FunctionConstant>& constants = {});
+
+    // The self-test's lane probe (core/selftest.h) on this GPU: what each
+    // lane holds (kLaneProbeOutputs floats). Throws std::runtime_error when
+    // the probe cannot run.
+    std::vector<float> run_lane_probe();
 
     // Encodes the plan as command buffers of bounded work (core/chunks.h: each
     // launch's grid in pieces, each piece with its origin in a params copy),
@@ -78,8 +88,10 @@ public:
     void execute(const Plan& plan, const Call& call);
 
 private:
-    Device(id<MTLDevice> device, id<MTLCommandQueue> queue, id<MTLLibrary> library)
-        : device_(device), queue_(queue), library_(library) {}
+    Device(id<MTLDevice> device, id<MTLCommandQueue> queue, id<MTLLibrary> library,
+           std::string architecture, GpuInfo gpu)
+        : device_(device), queue_(queue), library_(library),
+          architecture_(std::move(architecture)), gpu_(gpu) {}
 
     id<MTLCommandQueue> queue();
     void replace_queue(id<MTLCommandQueue> failed);
@@ -88,6 +100,8 @@ private:
     std::mutex queue_mu_;
     id<MTLCommandQueue> queue_;  // replaced after a command buffer fails
     id<MTLLibrary> library_;
+    std::string architecture_;
+    GpuInfo gpu_;
     std::shared_mutex pipelines_mu_;
     std::unordered_map<std::string, id<MTLComputePipelineState>> pipelines_;
 };

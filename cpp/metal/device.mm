@@ -4,17 +4,21 @@
 // Every nil, NSError and command-buffer status becomes a std::runtime_error
 // carrying Metal's own message and error code.
 #import <Foundation/Foundation.h>
+#import <IOKit/IOKitLib.h>
 #import <Metal/Metal.h>
 
 #include "metal/device.h"
 
 #include "core/chunks.h"
 #include "core/interrupt.h"
+#include "core/selftest.h"
 #include "metal/pipeline_key.h"
 
 #include <dlfcn.h>
 
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <mutex>
 #include <stdexcept>
@@ -128,6 +132,26 @@ std::string describe_command_buffer_error(id<MTLCommandBuffer> commands) {
 
 MTLSize size_of(const Dim3& d) { return MTLSizeMake(d.x, d.y, d.z); }
 
+// The GPU core count the system reports: "gpu-core-count" of the device's
+// IORegistry entry (the AGXAccelerator service; searched up its parents), 0
+// when it has none.
+int registry_gpu_cores(id<MTLDevice> device) {
+    io_service_t service =
+        IOServiceGetMatchingService(kIOMainPortDefault, IORegistryEntryIDMatching(device.registryID));
+    if (service == IO_OBJECT_NULL) return 0;
+    int cores = 0;
+    CFTypeRef value = IORegistryEntrySearchCFProperty(
+        service, kIOServicePlane, CFSTR("gpu-core-count"), kCFAllocatorDefault,
+        kIORegistryIterateRecursively | kIORegistryIterateParents);
+    if (value) {
+        if (CFGetTypeID(value) == CFNumberGetTypeID())
+            CFNumberGetValue(static_cast<CFNumberRef>(value), kCFNumberIntType, &cores);
+        CFRelease(value);
+    }
+    IOObjectRelease(service);
+    return cores;
+}
+
 }  // namespace
 
 std::vector<std::string> metallib_candidates() {
@@ -156,7 +180,12 @@ std::unique_ptr<Device> Device::create_default() {
         if (!queue) throw std::runtime_error("metal: could not create a command queue on " +
                                              std::string(device.name.UTF8String));
         id<MTLLibrary> library = load_library(device);
-        return std::unique_ptr<Device>(new Device(device, queue, library));
+        // The GPU's class and core count, as the plan sizes split-KV decode
+        // for it (core/gpu_info.h).
+        const std::string architecture =
+            device.architecture.name ? std::string(device.architecture.name.UTF8String) : "";
+        const GpuInfo gpu = gpu_info_from(registry_gpu_cores(device), architecture);
+        return std::unique_ptr<Device>(new Device(device, queue, library, architecture, gpu));
     }
 }
 
@@ -240,6 +269,39 @@ id<MTLComputePipelineState> Device::pipeline(const std::string& kernel,
                                          "': " + failure);
     pipelines_.emplace(key, state);
     return state;
+}
+
+std::vector<float> Device::run_lane_probe() {
+    std::vector<float> out(kLaneProbeOutputs, std::nanf(""));
+    with_autorelease_pool([&] {
+        const Launch launch = lane_probe_launch();
+        id<MTLComputePipelineState> state = pipeline(launch.kernel, launch.constants);
+        const std::vector<float> in = lane_probe_input();
+        id<MTLBuffer> input = [device_ newBufferWithBytes:in.data()
+                                                   length:in.size() * sizeof(float)
+                                                  options:MTLResourceStorageModeShared];
+        id<MTLBuffer> output = [device_ newBufferWithLength:out.size() * sizeof(float)
+                                                    options:MTLResourceStorageModeShared];
+        if (!input || !output) throw std::runtime_error("metal: could not allocate the lane probe's buffers");
+        id<MTLCommandQueue> queue = this->queue();
+        id<MTLCommandBuffer> commands = [queue commandBuffer];
+        id<MTLComputeCommandEncoder> encoder = [commands computeCommandEncoder];
+        if (!commands || !encoder) throw std::runtime_error("metal: could not encode the lane probe");
+        [encoder setComputePipelineState:state];
+        [encoder setBuffer:input offset:0 atIndex:0];
+        [encoder setBuffer:output offset:0 atIndex:1];
+        [encoder dispatchThreadgroups:size_of(launch.grid) threadsPerThreadgroup:size_of(launch.threadgroup)];
+        [encoder endEncoding];
+        [commands commit];
+        [commands waitUntilCompleted];
+        if (commands.status != MTLCommandBufferStatusCompleted) {
+            replace_queue(queue);
+            throw std::runtime_error("metal: the lane probe's command buffer failed: " +
+                                     describe_command_buffer_error(commands));
+        }
+        std::memcpy(out.data(), output.contents, out.size() * sizeof(float));
+    });
+    return out;
 }
 
 void Device::execute(const Plan& plan, const Call& call) {

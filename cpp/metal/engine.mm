@@ -11,6 +11,7 @@
 #include <new>
 
 #include "core/score_arrays.h"
+#include "core/selftest.h"
 #include "engines/factories.h"
 #include "metal/device.h"
 #include "metal/metal_engine.h"
@@ -21,12 +22,31 @@ namespace {
 
 class MetalEngineImpl final : public MetalEngine {
 public:
+    // The self-test (core/selftest.h), unless FLASHATTN_METAL_SELFTEST=0:
+    // the lane probe now -- a failure keeps the engine from starting -- and
+    // each pipeline's known-answer call at its first use, against a cpu
+    // engine of its own.
     explicit MetalEngineImpl(std::unique_ptr<Device> device)
         : device_(std::move(device)),
           pool_(Pool::create(MetalBackend{device_->device()}, page_size(),
-                             default_cache_limit(device_->device()))) {}
+                             default_cache_limit(device_->device()))) {
+        if (!selftest_enabled(true)) return;
+        const std::string error = check_lane_probe(device_->run_lane_probe().data());
+        if (!error.empty())
+            throw std::runtime_error("metal engine self-test failed on '" + device_->name() +
+                                     "' (" + device_->architecture() + "): " + error);
+        selftest_ = std::make_unique<SelfTest>("metal", device_->gpu(), [this]() -> Engine& {
+            std::call_once(reference_once_, [this] { reference_ = make_cpu_engine(); });
+            return *reference_;
+        });
+    }
 
     std::string name() const override { return "metal"; }
+
+    std::string unusable_reason() const override {
+        return selftest_ ? selftest_->failure() : std::string();
+    }
+    SelfTest* selftest() const override { return selftest_.get(); }
 
     // The kernels apply every score option, both ways; Call stages their arrays.
     int score_mods_supported(bool) const override { return kEveryScoreMod; }
@@ -67,14 +87,17 @@ public:
     // Staging, planning, scratch and copy-back are staging.h's run_staged_*
     // (tests run them under metal-sim); the device encodes the plan and waits.
     void forward(const FlashParams& p, const ForwardIO& io) override {
+        if (selftest_) selftest_->check_forward(*this, p, io.dtype);
         with_autorelease_pool([&] {
-            record(run_staged_forward(*pool_, p, io, [&](const Plan& plan, const Call& call) {
+            record(run_staged_forward(*pool_, p, io, device_->gpu(),
+                                      [&](const Plan& plan, const Call& call) {
                 device_->execute(plan, call);
             }));
         });
     }
 
     void backward(const FlashParams& p, const BackwardIO& io) override {
+        if (selftest_) selftest_->check_backward(*this, p, io.dtype);
         with_autorelease_pool([&] {
             record(run_staged_backward(*pool_, p, io, [&](const Plan& plan, const Call& call) {
                 device_->execute(plan, call);
@@ -100,6 +123,9 @@ private:
 
     std::unique_ptr<Device> device_;
     std::shared_ptr<Pool> pool_;
+    std::unique_ptr<SelfTest> selftest_;  // null with FLASHATTN_METAL_SELFTEST=0
+    std::once_flag reference_once_;
+    std::unique_ptr<Engine> reference_;
     mutable std::mutex transfers_mu_;
     TransferStats transfers_;
 };

@@ -13,10 +13,17 @@ namespace flashattn::metal {
 
 inline std::string pipeline_key(const std::string& kernel,
                                 const std::vector<FunctionConstant>& constants) {
+    // Appended piece by piece: GCC 12 warns (-Wrestrict, a false positive)
+    // on "|" + std::to_string(...) once this is inlined into core/selftest.cpp.
     std::string key = kernel;
-    for (const FunctionConstant& c : constants)
-        key += "|" + std::to_string(c.index) + ":" + std::to_string(int(c.type)) + "=" +
-               std::to_string(c.bits);
+    for (const FunctionConstant& c : constants) {
+        key += '|';
+        key += std::to_string(c.index);
+        key += ':';
+        key += std::to_string(int(c.type));
+        key += '=';
+        key += std::to_string(c.bits);
+    }
     return key;
 }
 

@@ -400,9 +400,9 @@ TransferStats run_staged(CallBuffers<Pool> call, Plan plan, Execute&& execute) {
 
 template <class Pool, class Execute>
 TransferStats run_staged_forward(Pool& pool, const FlashParams& p, const ForwardIO& io,
-                                 Execute&& execute) {
+                                 const GpuInfo& gpu, Execute&& execute) {
     CallBuffers<Pool> call = CallBuffers<Pool>::forward(pool, p, io);
-    Plan plan = plan_forward(call.params(), io.dtype);
+    Plan plan = plan_forward(call.params(), io.dtype, gpu);
     return run_staged(std::move(call), std::move(plan), execute);
 }
 

@@ -1,9 +1,13 @@
 // The "metal-sim" engine: plans a call exactly as the metal engine does and
 // runs the plan through the launcher on the CPU. Slow; it exists to test
 // the GPU kernels and their dispatch on machines without Metal.
+#include <cmath>
+#include <mutex>
+#include <stdexcept>
 #include <vector>
 
 #include "core/plan.h"
+#include "core/selftest.h"
 #include "core/score_arrays.h"
 #include "engines/factories.h"
 #include "sim/launcher.h"
@@ -20,9 +24,39 @@ void bind_score_arrays(sim::SlotPointers& slots, const FlashParams& p, const Sco
     for (const ScoreArray& a : score_arrays(p, in)) slots[size_t(a.slot)] = const_cast<void*>(a.data);
 }
 
+// The lane probe (core/selftest.h) run on the simulator: what each lane holds.
+std::vector<float> run_lane_probe() {
+    const Launch launch = lane_probe_launch();
+    const sim::Kernel* kernel = sim::find_kernel(launch.kernel);
+    if (!kernel) throw std::runtime_error("metal-sim: no kernel named '" + launch.kernel + "'");
+    std::vector<float> in = lane_probe_input(), out(kLaneProbeOutputs, std::nanf(""));
+    sim::run_launch(*kernel, {{in.data(), false}, {out.data(), false}}, launch.grid,
+                    launch.threadgroup, launch.constants);
+    return out;
+}
+
 class MetalSimEngine final : public Engine {
 public:
+    // With FLASHATTN_METAL_SELFTEST=1 the simulator runs the metal engine's
+    // self-test, as that engine does on a Mac: the lane probe now (a failure
+    // keeps the engine from starting), each pipeline's known-answer call at
+    // its first use (against a cpu engine of its own).
+    MetalSimEngine() {
+        if (!selftest_enabled(false)) return;
+        const std::string error = check_lane_probe(run_lane_probe().data());
+        if (!error.empty()) throw std::runtime_error("metal-sim engine self-test failed: " + error);
+        selftest_ = std::make_unique<SelfTest>("metal-sim", GpuInfo{}, [this]() -> Engine& {
+            std::call_once(reference_once_, [this] { reference_ = make_cpu_engine(); });
+            return *reference_;
+        });
+    }
+
     std::string name() const override { return "metal-sim"; }
+
+    std::string unusable_reason() const override {
+        return selftest_ ? selftest_->failure() : std::string();
+    }
+    SelfTest* selftest() const override { return selftest_.get(); }
 
     // The kernels come in every storage type (shaders' FA_STORAGE_TYPES).
     bool dtype_supported(DType) const override { return true; }
@@ -33,6 +67,7 @@ public:
     }
 
     void forward(const FlashParams& p, const ForwardIO& io) override {
+        if (selftest_) selftest_->check_forward(*this, p, io.dtype);
         Plan plan = plan_forward(p, io.dtype);
         plan.score = io.score.params;
         sim::SlotPointers slots{};
@@ -46,6 +81,7 @@ public:
     }
 
     void backward(const FlashParams& p, const BackwardIO& io) override {
+        if (selftest_) selftest_->check_backward(*this, p, io.dtype);
         Plan plan = plan_backward(p, io.dtype);
         plan.score = io.score.params;
         sim::SlotPointers slots{};
@@ -61,10 +97,17 @@ public:
         slots[size_t(Slot::dv)] = io.dv;
         sim::run_plan(plan, slots);
     }
+
+private:
+    std::unique_ptr<SelfTest> selftest_;  // null unless FLASHATTN_METAL_SELFTEST=1
+    std::once_flag reference_once_;
+    std::unique_ptr<Engine> reference_;
 };
 
 }  // namespace
 
 std::unique_ptr<Engine> make_metal_sim_engine() { return std::make_unique<MetalSimEngine>(); }
+
+std::string sim_lane_probe() { return check_lane_probe(run_lane_probe().data()); }
 
 }  // namespace flashattn

@@ -12,6 +12,7 @@
 
 #include "flash_bwd.metal"
 #include "flash_fwd.metal"
+#include "flash_selftest.metal"
 
 #undef device
 #undef constant
@@ -26,6 +27,7 @@ namespace {
 
 std::vector<Kernel> build_table() {
     std::vector<Kernel> t;
+    t.push_back(make_kernel("flash_selftest_lanes", &flash_selftest_lanes));  // core/selftest.h
     // The names are the host_name strings of the .metal instantiations.
     // Every storage type (FA_STORAGE_TYPES: f32, f16, bf16) of every kernel.
 #define FA_SIM_REGISTER_TYPE(NAME, T, UNUSED)                                                    \

@@ -194,11 +194,15 @@ public:
         started_.notify_all();
         // The workers run the groups; this thread polls for an interrupt,
         // which the next end_group() turns into a stop.
-        {
-            std::unique_lock<std::mutex> lock(exit_mutex_);
-            while (!all_exited_.wait_for(lock, std::chrono::milliseconds(10),
+        for (;;) {
+            {
+                std::unique_lock<std::mutex> lock(exit_mutex_);
+                if (all_exited_.wait_for(lock, std::chrono::milliseconds(10),
                                          [&] { return exited_ == workers.size(); }))
-                if (interrupt_requested()) interrupted_.store(true);
+                    break;
+            }
+            // Without the lock: the poll runs Python's signal handlers.
+            if (interrupt_requested()) interrupted_.store(true);
         }
         for (auto& w : workers) w.join();
     }
@@ -471,6 +475,16 @@ std::mutex& launch_mutex() {
     return g_launch_mutex;
 }
 
+// Set while this thread runs a launch. Its interrupt polls run Python's
+// signal handlers, and one that calls metal-sim again would wait for the
+// launch lock this thread holds, forever: such a call is refused instead.
+thread_local bool t_launching = false;
+
+struct Launching {
+    Launching() { t_launching = true; }
+    ~Launching() { t_launching = false; }
+};
+
 // The kernels' program-scope function constants (registered at static
 // initialisation, before any launch).
 struct ConstantSlot {
@@ -529,7 +543,13 @@ void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 
                                  std::to_string(kMaxThreadsPerGroup) + ")");
     if (uint64_t(grid.x) * grid.y * grid.z == 0) return;
     throw_if_interrupted();  // between the launches of a plan
+    if (t_launching)
+        throw std::runtime_error(
+            "metal-sim: " + kernel.name + ": called while this thread's own metal-sim launch is "
+            "running (from a signal handler?); metal-sim runs one launch at a time: make the "
+            "call after that one returns");
     std::lock_guard<std::mutex> lock(launch_mutex());
+    const Launching launching;
     set_function_constants(kernel.name, constants);
     LaunchState state(kernel, buffers, grid, group);
     state.run();
@@ -623,6 +643,23 @@ void simd_collective(const void* offer, std::size_t bytes, SimdCombine combine, 
 }
 
 unsigned simd_lane() { return ctx().tid % kSimdWidth; }
+
+namespace {
+std::atomic<int> g_lane_fault{-1};  // -1: not read from the environment yet
+}  // namespace
+
+bool lane_map_fault() {
+    int v = g_lane_fault.load(std::memory_order_relaxed);
+    if (v < 0) {
+        const char* env = std::getenv("FLASHATTN_SIM_LANE_FAULT");
+        int expected = -1;
+        g_lane_fault.compare_exchange_strong(expected, env && std::strcmp(env, "1") == 0 ? 1 : 0);
+        v = g_lane_fault.load(std::memory_order_relaxed);
+    }
+    return v == 1;
+}
+
+void set_lane_map_fault(bool on) { g_lane_fault.store(on ? 1 : 0); }
 
 void note_threadgroup_array(void* data, std::size_t bytes) { ctx().launch->note_array(data, bytes); }
 

@@ -35,6 +35,14 @@ void simd_collective(const void* offer, std::size_t bytes, SimdCombine combine, 
 // This thread's lane in its SIMD group.
 unsigned simd_lane();
 
+// A planted fault for the self-test's tests (core/selftest.h): when set,
+// the simulated simdgroup matrices use a lane layout other than the one the
+// kernels assume (each lane's two columns swapped with its neighbour's), as a GPU
+// whose layout differs would. Off unless set here or by
+// FLASHATTN_SIM_LANE_FAULT=1 at the first launch.
+bool lane_map_fault();
+void set_lane_map_fault(bool on);
+
 // A program-scope [[function_constant(index)]] of the kernels: the
 // launcher writes each launch's value into `value` (size `bytes`) and sets
 // *defined, or clears *defined when the launch supplies none.

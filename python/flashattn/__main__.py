@@ -14,25 +14,25 @@ from typing import Callable, Dict, List, Optional
 
 
 def _report(argv: List[str]) -> int:
-    from . import _report as report
+    from .cli import report
 
     return int(report.main(argv))
 
 
 def _bench(argv: List[str]) -> int:
-    from . import _bench as bench
+    from .cli import bench
 
     return int(bench.main(argv))
 
 
 def _train(argv: List[str]) -> int:
-    from . import _train as train  # the training example (examples/train_gpt.py)
+    from .cli import train  # the training example (examples/train_gpt.py)
 
     return int(train.main(argv))
 
 
 def _info(argv: List[str]) -> int:
-    from . import _info as info
+    from .cli import info
 
     return int(info.main(argv))
 

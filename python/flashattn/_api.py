@@ -4,11 +4,10 @@ shapes and runs the chosen engine with the GIL released."""
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 
 from . import _main_interpreter  # first: refuses a subinterpreter before _core loads
-from . import _args, _core
+from . import _args, _core, _dtypes
 from ._arrays import host_array
 from .memory import _contiguous_copy
 
@@ -38,11 +37,6 @@ def get_num_threads() -> int:
     return int(_core.get_num_threads())
 
 
-# The dtypes of q, k, v (and do, o, dq, dk, dv), by the name _core takes.
-_DATA_DTYPES = {np.dtype(np.float32): "float32", np.dtype(np.float16): "float16",
-                np.dtype(ml_dtypes.bfloat16): "bfloat16"}
-
-
 def _dtype_error(fn: str, name: str, dtype) -> TypeError:
     if dtype.kind == "f" and not dtype.isnative:
         return TypeError(f"{fn}: {name} has non-native byte order ({dtype.str}); convert with "
@@ -64,7 +58,7 @@ def _input(fn: str, name: str, x, floats_only: bool = False) -> np.ndarray:
             raise _dtype_error(fn, name, x.dtype)
         raise TypeError(f"{fn}: {name} must be float32 (lse always is), got {x.dtype}; "
                         f"convert with {name}.astype(np.float32)")
-    if x.dtype not in _DATA_DTYPES:
+    if _dtypes.name_of(x.dtype) is None:
         raise _dtype_error(fn, name, x.dtype)
     if x.size == 0:
         return x  # nothing is read: its strides do not matter
@@ -85,7 +79,7 @@ def _one_dtype(fn: str, arrays: dict) -> str:
         seen = ", ".join(f"{name} is {dtype}" for name, dtype in dtypes.items())
         raise TypeError(f"{fn}: q, k and v must share one dtype (and do, o have q's); {seen}. "
                         f"Convert them with .astype(), e.g. .astype(q.dtype)")
-    return _DATA_DTYPES[dtypes["q"]]
+    return _dtypes.name_of(dtypes["q"])
 
 
 def _raw(x: np.ndarray) -> np.ndarray:
@@ -95,9 +89,7 @@ def _raw(x: np.ndarray) -> np.ndarray:
 
 def _cooked(x: np.ndarray, dtype: str) -> np.ndarray:
     """An output of _core (float32, or uint16 bits) in the call's dtype."""
-    if dtype == "float32":
-        return x
-    return x.view(np.float16 if dtype == "float16" else ml_dtypes.bfloat16)
+    return x if dtype == "float32" else x.view(_dtypes.numpy_dtype(dtype))
 
 
 def _backend(fn: str, backend) -> str | None:
@@ -138,8 +130,13 @@ def _score_options(fn: str, q: np.ndarray, k: np.ndarray, softcap, alibi_slopes,
 
 
 def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, softcap=0.0,
-              alibi_slopes=None, mask=None, sinks=None, return_lse=False, backend=None):
+              alibi_slopes=None, mask=None, sinks=None, return_lse=False, layout="bthd",
+              backend=None):
     """Exact softmax attention, fused: memory O(B·H·T), never O(T²).
+
+    Layout: q (B, Tq, H, D), k and v (B, Tk, Hkv, D) (FlashAttention's,
+    ``layout="bthd"``, the default); ``layout="bhtd"`` takes torch's and
+    MLX's (B, H, Tq, D), (B, Hkv, Tk, D) in place and returns o so.
 
     Args:
         q: (B, Tq, H, D) float32, float16 or ml_dtypes.bfloat16.
@@ -158,10 +155,13 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, softcap=0.0
         sinks: float32 (H,): one extra logit per head in every row's softmax
             denominator, with a zero value vector (gpt-oss, MLX); lse includes it.
         return_lse: also return the log-sum-exp of the scores.
+        layout: "bthd" (default) or "bhtd", as above; lse and mask are the
+            same in both.
         backend: an engine from backends(); default the first.
 
     Returns:
-        o, (B, Tq, H, D) in q's dtype, or (o, lse) with lse (B, H, Tq) float32
+        o, (B, Tq, H, D) in q's dtype (a (B, H, Tq, D) view of it with
+        ``layout="bhtd"``), or (o, lse) with lse (B, H, Tq) float32
         (natural log). A row that sees no key gets o = 0 and lse = -inf
         (lse = its sink, with sinks).
 
@@ -172,21 +172,27 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, softcap=0.0
     TypeError: nothing is cast for you.
     """
     fn = "attention"
-    q, k, v = (_input(fn, name, x) for name, x in (("q", q), ("k", k), ("v", v)))
+    layout = _args.layout(fn, layout)
+    q, k, v = (_args.to_bthd(_input(fn, name, x), layout)
+               for name, x in (("q", q), ("k", k), ("v", v)))
     dtype = _one_dtype(fn, {"q": q, "k": k, "v": v})
     causal, return_lse = _args.flag(fn, "causal", causal), _args.flag(fn, "return_lse", return_lse)
     left, right = _args.window(fn, window)
     score = _score_options(fn, q, k, softcap, alibi_slopes, mask, sinks)
     o, lse = _core.forward(_raw(q), _raw(k), _raw(v), causal, left, right, _args.scale(fn, scale),
                            backend=_backend(fn, backend), dtype=dtype, **score)
-    o = _cooked(o, dtype)
+    o = _args.to_bthd(_cooked(o, dtype), layout)
     return (o, lse) if return_lse else o
 
 
 def attention_backward(do, q, k, v, o, lse, *, causal=False, window=(-1, -1), scale=None,
-                       softcap=0.0, alibi_slopes=None, mask=None, sinks=None, backend=None):
+                       softcap=0.0, alibi_slopes=None, mask=None, sinks=None, layout="bthd",
+                       backend=None):
     """Gradients of attention(q, k, v, ...) for the output gradient ``do``.
 
+    Layout as attention's: (B, Tq, H, D) and (B, Tk, Hkv, D) for do, q, o
+    and k, v with ``layout="bthd"`` (default), (B, H, Tq, D) and
+    (B, Hkv, Tk, D) with ``"bhtd"``; lse is (B, H, Tq) in both.
     ``o`` and ``lse`` are the outputs of the forward call with the same options
     (``attention(..., return_lse=True)``); probabilities are recomputed from
     them tile by tile (FlashAttention-2), so memory stays O(B·H·T).
@@ -197,9 +203,11 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, window=(-1, -1), sc
         ``sinks`` is given. Rows that saw no key contribute zero gradient.
     """
     fn = "attention_backward"
+    layout = _args.layout(fn, layout)
     arrays = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse}
     do, q, k, v, o, lse = (_input(fn, name, x, floats_only=name == "lse")
                            for name, x in arrays.items())
+    do, q, k, v, o = (_args.to_bthd(x, layout) for x in (do, q, k, v, o))
     dtype = _one_dtype(fn, {"q": q, "k": k, "v": v, "do": do, "o": o})
     if not lse.flags.c_contiguous:
         lse = _contiguous_copy(lse)  # (B, H, Tq): O(B·H·T) at most
@@ -209,7 +217,7 @@ def attention_backward(do, q, k, v, o, lse, *, causal=False, window=(-1, -1), sc
     grads = _core.backward(_raw(do), _raw(q), _raw(k), _raw(v), _raw(o), lse, causal, left, right,
                            _args.scale(fn, scale), backend=_backend(fn, backend), dtype=dtype,
                            **score)
-    return tuple(_cooked(g, dtype) for g in grads[:3]) + tuple(grads[3:])
+    return tuple(_args.to_bthd(_cooked(g, dtype), layout) for g in grads[:3]) + tuple(grads[3:])
 
 
 def _varlen_arguments(fn, arrays, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -250,6 +258,16 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     Returns:
         o (total_q, H, D), or (o, lse) with lse (H, total_q).
     """
+    return _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                             causal, window, scale, softcap, alibi_slopes, sinks, return_lse,
+                             backend)
+
+
+def _attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+                      window, scale, softcap, alibi_slopes, sinks, return_lse, backend,
+                      per_sequence=False):
+    """attention_varlen; per_sequence runs one engine call per sequence (the
+    bench's and the tests' baseline) instead of one for the batch."""
     fn = "attention_varlen"
     arrays, cu_q, cu_k, score = _varlen_arguments(
         fn, {"q": q, "k": k, "v": v}, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -258,7 +276,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     left, right = _args.window(fn, window)
     o, lse = _core.forward_varlen(arrays["q"], arrays["k"], arrays["v"], cu_q, cu_k, causal, left,
                                   right, _args.scale(fn, scale), backend=_backend(fn, backend),
-                                  **score)
+                                  _per_sequence=per_sequence, **score)
     o = _cooked(o, score["dtype"])
     return (o, lse) if return_lse else o
 
@@ -270,6 +288,15 @@ def attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *
     """Gradients of attention_varlen(q, k, v, ...) for ``do``; ``o`` and
     ``lse`` (H, total_q) from the forward call with the same options.
     Returns dq, dk, dv shaped like q, k, v, and dsinks (H,) with ``sinks``."""
+    return _attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k,
+                                      max_seqlen_q, max_seqlen_k, causal, window, scale, softcap,
+                                      alibi_slopes, sinks, backend)
+
+
+def _attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                               max_seqlen_k, causal, window, scale, softcap, alibi_slopes, sinks,
+                               backend, per_sequence=False):
+    """attention_varlen_backward; per_sequence as in _attention_varlen."""
     fn = "attention_varlen_backward"
     arrays, cu_q, cu_k, score = _varlen_arguments(
         fn, {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse}, cu_seqlens_q, cu_seqlens_k,
@@ -283,5 +310,6 @@ def attention_varlen_backward(do, q, k, v, o, lse, cu_seqlens_q, cu_seqlens_k, *
     grads = _core.backward_varlen(arrays["do"], arrays["q"], arrays["k"], arrays["v"],
                                   arrays["o"], np.ascontiguousarray(lse), cu_q, cu_k, causal,
                                   left, right, _args.scale(fn, scale),
-                                  backend=_backend(fn, backend), **score)
+                                  backend=_backend(fn, backend), _per_sequence=per_sequence,
+                                  **score)
     return tuple(_cooked(g, score["dtype"]) for g in grads[:3]) + tuple(grads[3:])

@@ -28,6 +28,23 @@ def flag(fn: str, name: str, value) -> bool:
     return bool(value)
 
 
+LAYOUTS = ("bthd", "bhtd")
+
+
+def layout(fn: str, value) -> str:
+    """"bthd" (FlashAttention's: q is (B, T, H, D)) or "bhtd" (torch's and
+    MLX's: (B, H, T, D))."""
+    if not isinstance(value, str) or value not in LAYOUTS:
+        raise ValueError(f"{fn}: layout must be one of {LAYOUTS}, got {value!r}")
+    return value
+
+
+def to_bthd(x, layout: str):
+    """A 4-d array of ``layout`` as a (B, T, H, D) view (arrays of other
+    ranks as they are: the shape checks report them)."""
+    return x.swapaxes(1, 2) if layout == "bhtd" and x.ndim == 4 else x
+
+
 def window(fn: str, value) -> tuple[int, int]:
     """(left, right) as ints in -1..2**62: a tuple or list of two ints, each
     -1 (unbounded) or at least 0."""
@@ -175,10 +192,18 @@ def mask(fn: str, value, B: int, H: int, Tq: int, Tk: int,
 
 
 def cu_seqlens(fn: str, name: str, value, total: int) -> np.ndarray:
-    """int32 (batch + 1,) prefix sums: 0 first, non-decreasing, ``total`` last."""
+    """int32 (batch + 1,) prefix sums: 0 first, non-decreasing, ``total`` last.
+    Other integer dtypes (int64 is what np.cumsum gives) are taken when every
+    value fits int32, as an int32 copy of these batch + 1 numbers."""
     value = array(fn, name, value)
-    if value.dtype != np.int32:
-        raise TypeError(f"{fn}: {name} must be int32, got {value.dtype}")
+    if value.dtype.kind not in "iu":
+        raise TypeError(f"{fn}: {name} must be int32 (or integers that fit it), got {value.dtype}")
+    if value.dtype != np.int32 and value.size:
+        info = np.iinfo(np.int32)
+        low, high = int(value.min()), int(value.max())
+        if low < info.min or high > info.max:
+            raise ValueError(f"{fn}: {name} must fit int32, got values from {low} to {high}")
+    value = value.astype(np.int32, copy=False)
     if value.ndim != 1 or value.shape[0] < 1:
         raise ValueError(f"{fn}: {name} must have shape (batch + 1,), got {value.shape}")
     if value[0] != 0:

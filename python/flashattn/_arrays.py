@@ -6,11 +6,20 @@ arrays, MLX arrays), then the buffer protocol or ``__array_interface__``.
 Each is viewed in place (``np.from_dlpack``, ``np.asarray`` on a buffer);
 nothing here copies, and no framework is imported: objects are recognised by
 the protocols they expose. Dtype and layout checks come after, in ``_api``.
+
+bfloat16 has no DLPack or buffer-protocol code NumPy reads, so a torch or
+MLX bfloat16 array is viewed as its 16-bit integers (``x.view(int16)``, no
+copy) and those as ``ml_dtypes.bfloat16``; a JAX one through ``__array__``,
+which gives ml_dtypes' bfloat16 itself.
 """
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
+
+from . import _dtypes
 
 __all__ = ["host_array"]
 
@@ -55,6 +64,19 @@ def _from_dlpack(fn: str, name: str, x) -> tuple[np.ndarray | None, str]:
         return None, str(e)
 
 
+def _bfloat16_bits(x):
+    """A torch or MLX bfloat16 array as a same-shaped view of its 16-bit
+    integers (which DLPack carries), or None for anything else."""
+    if str(getattr(x, "dtype", "")).rpartition(".")[2] != "bfloat16":
+        return None
+    module = type(x).__module__.split(".")[0]
+    if module == "torch":
+        return x.view(sys.modules["torch"].int16)
+    if module == "mlx":
+        return x.view(sys.modules["mlx.core"].uint16)
+    return None
+
+
 def host_array(fn: str, name: str, x) -> np.ndarray:
     """x as a NumPy array sharing its memory; TypeError for anything else.
 
@@ -65,6 +87,11 @@ def host_array(fn: str, name: str, x) -> np.ndarray:
         return x
     if type(x).__module__.split(".")[0] == "torch" and getattr(x, "requires_grad", False):
         raise _requires_grad_error(fn, name)
+    bits = _bfloat16_bits(x)
+    if bits is not None:
+        return host_array(fn, name, bits).view(_dtypes.bfloat16())
+    if hasattr(x, "__array__") and str(getattr(x, "dtype", "")) == "bfloat16":
+        return np.asarray(x)  # a JAX array: NumPy's view of its host buffer
     why = ""
     if hasattr(x, "__dlpack__"):
         a, why = _from_dlpack(fn, name, x)

@@ -62,6 +62,14 @@ if(FLASHATTN_CLANGXX)
                      "-DINCLUDES=${_metal_includes}"
                      -P ${PROJECT_SOURCE_DIR}/tests/metal_dialect/check.cmake)
   endforeach()
+  # The in-stream paths' generated texts (issue 35), strict, in MSL's dialect.
+  find_package(Python3 COMPONENTS Interpreter)
+  if(Python3_Interpreter_FOUND)
+    add_test(NAME instream_texts_strict
+             COMMAND ${CMAKE_COMMAND} -DPYTHON=${Python3_EXECUTABLE} -DCLANG=${FLASHATTN_CLANGXX}
+                     -DSOURCE=${PROJECT_SOURCE_DIR} -DOUT=${CMAKE_CURRENT_BINARY_DIR}/instream_strict
+                     -P ${PROJECT_SOURCE_DIR}/tests/cpp/instream_strict.cmake)
+  endif()
   file(GLOB _planted ${PROJECT_SOURCE_DIR}/tests/metal_negative/*.metal)
   foreach(src IN LISTS _planted)
     get_filename_component(name ${src} NAME_WE)

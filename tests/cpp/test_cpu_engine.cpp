@@ -446,6 +446,8 @@ int main() {
         {1, 150, 400, 2, 1, 64, false, -1, -1, 0, 4.0f},
         {1, 300, 300, 2, 2, 48, true, -1, -1, 1, 3.0f},
         {1, 200, 200, 2, 2, 64, false, -1, -1, 0, 0.05f},  // nearly uniform attention
+        // MQA whose per-head dK/dV partials pass the budget: 2 heads a task.
+        {1, 64, 4096, 8, 1, 256, false},
     };
     uint32_t seed = 1;
     for (const Case& c : cases) check_case(*engine, c, seed += 10);

@@ -75,7 +75,7 @@ public:
         return static_cast<float*>(keep.back().data);
     }
     void forward(const FlashParams& p, const ForwardIO& io) override {
-        last = run_staged_forward(*pool, p, io, execute_on_sim);
+        last = run_staged_forward(*pool, p, io, GpuInfo{}, execute_on_sim);
     }
     void backward(const FlashParams& p, const BackwardIO& io) override {
         last = run_staged_backward(*pool, p, io, execute_on_sim);

@@ -1,9 +1,11 @@
 // The plans the metal host and metal-sim both execute: which kernels, with
 // which buffers bound in [[buffer(n)]] order, on which grids.
+#include <algorithm>
 #include <string>
 #include <vector>
 
 #include "check.h"
+#include "core/gpu_info.h"
 #include "core/plan.h"
 #include "flash_kernels.h"
 
@@ -68,8 +70,10 @@ int main() {
     }
     // Decode with few threadgroups: keys split, then an exact merge.
     {
+        // The default GPU is an 8-core M1: 8 x kGroupsPerCore = 64 threadgroups
+        // aimed at; 4096 / 256 = 16 chunks allowed, 64 / 8 groups = 8.
         const Plan plan = plan_forward(params(1, 1, 4096, 32, 8, 128));
-        CHECK(plan.params.kv_splits == 8);  // 4096 / 256 = 16 chunks, 64 / 8 groups = 8
+        CHECK(plan.params.kv_splits == 8);
         CHECK(plan.launches.size() == 2);
         const Launch& fwd = plan.launches[0];
         CHECK(fwd.kernel == "flash_fwd_f32_hd128");
@@ -89,6 +93,47 @@ int main() {
         CHECK(plan_forward(params(1, 1, 300, 32, 8, 128)).params.kv_splits == 1);
         CHECK(plan_forward(params(16, 1, 8192, 32, 8, 128)).params.kv_splits == 1);
         CHECK(plan_forward(params(1, 1, 1 << 20, 1, 1, 64)).params.kv_splits == FA_MAX_KV_SPLITS);
+    }
+    // The split follows the GPU's core count (kGroupsPerCore threadgroups
+    // per core), within the chunks' minimum length and the merge's 32 lanes.
+    {
+        static_assert(kGroupsPerCore == 8, "the counts below assume 8 threadgroups per core");
+        const FlashParams decode = params(1, 1, 16384, 32, 8, 128);  // 8 kv heads: 8 groups
+        const struct {
+            int cores, splits;
+        } gpus[] = {
+            {8, 8},    // M1: 64 / 8
+            {10, 10},  // M2, M3: 80 / 8
+            {40, 32},  // M3 Max: 320 / 8 = 40, capped at the merge's 32
+            {76, 32},  // M2 Ultra: 608 / 8 = 76, capped
+        };
+        for (const auto& gpu : gpus) {
+            const Plan plan = plan_forward(decode, DType::f32, GpuInfo{gpu.cores});
+            CHECK(plan.params.kv_splits == gpu.splits);
+            CHECK(same(plan.launches[0].grid, 1, 8, uint32_t(gpu.splits)));
+            // Every core gets threadgroups: at least one per core, unless the cap
+            // or the keys' minimum chunk binds.
+            CHECK(int64_t(8) * gpu.splits >= std::min(gpu.cores, 8 * FA_MAX_KV_SPLITS));
+        }
+        // More groups of their own: fewer splits on the same GPU. 4 batches x
+        // 8 kv heads = 32 groups: an 8-core GPU wants 2 each, a 40-core one 10.
+        const FlashParams batch4 = params(4, 1, 16384, 32, 8, 128);
+        CHECK(plan_forward(batch4, DType::f32, GpuInfo{8}).params.kv_splits == 2);
+        CHECK(plan_forward(batch4, DType::f32, GpuInfo{10}).params.kv_splits == 3);
+        CHECK(plan_forward(batch4, DType::f32, GpuInfo{40}).params.kv_splits == 10);
+        CHECK(plan_forward(batch4, DType::f32, GpuInfo{76}).params.kv_splits == 19);
+        // Short caches keep chunks of at least 256 keys whatever the GPU.
+        CHECK(plan_forward(params(1, 1, 1024, 32, 8, 128), DType::f32, GpuInfo{76})
+                  .params.kv_splits == 4);
+        // The core count as the metal host reads it: the registry's count, else
+        // the fewest of the architecture's class letter (MLX's reading).
+        CHECK(gpu_info_from(10, "applegpu_g15g").cores == 10);
+        CHECK(gpu_info_from(0, "applegpu_g13g").cores == 7);
+        CHECK(gpu_info_from(0, "applegpu_g13s").cores == 24);
+        CHECK(gpu_info_from(0, "applegpu_g14d").cores == 48);
+        CHECK(gpu_info_from(0, "applegpu_g16p").cores == 4);
+        CHECK(gpu_info_from(0, "").cores == 8);
+        CHECK(gpu_info_from(-1, "something else").cores == 8);
     }
     // Head size buckets: the smallest that holds D, D itself a run-time bound.
     {

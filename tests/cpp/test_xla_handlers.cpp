@@ -215,6 +215,51 @@ void test_vmapped_leading_axes_fold_into_the_batch() {
     CHECK(lse.data == lse4.data);
 }
 
+// With sinks (whose gradient is per lead index) the lead axes do not fold:
+// each index runs as its own call, and gives what that call alone gives.
+void test_sinks_under_lead_axes_run_once_per_index() {
+    std::mt19937 rng(4);
+    Array q = random_array({2, 1, 5, 2, 4}, rng), k = random_array({2, 1, 7, 2, 4}, rng);
+    Array v = random_array({2, 1, 7, 2, 4}, rng), dout = random_array({2, 1, 5, 2, 4}, rng);
+    Array sinks = random_array({2, 2}, rng);
+    Array mask{{1, 1, 1, 5, 7}, {}, kPred};  // bool, broadcast over the lead axis and heads
+    mask.data.resize(9);  // 35 bytes in float-sized storage
+    auto* bytes = reinterpret_cast<uint8_t*>(mask.data.data());
+    for (int i = 0; i < 35; ++i) bytes[i] = (i * 7) % 5 != 0;
+    auto attrs = attributes(true, -1, -1, 0.5);
+    attrs.push_back(Attribute{"sinks", kPred, 0, 0, true});
+    attrs.push_back(Attribute{"mask", kS64, 1});
+    attrs.push_back(Attribute{"softcap", kF64, 0, 2.5});
+    Array o = zeros(q.dims), lse = zeros({2, 1, 2, 5});
+    Frame fwd({&q, &k, &v, &mask, &sinks}, {&o, &lse}, attrs);
+    CHECK(run(&xla_attention_forward, fwd) == "");
+    Array dq = zeros(q.dims), dk = zeros(k.dims), dv = zeros(v.dims), ds = zeros({2, 2});
+    Frame bwd({&dout, &q, &k, &v, &o, &lse, &mask, &sinks}, {&dq, &dk, &dv, &ds}, attrs);
+    CHECK(run(&xla_attention_backward, bwd) == "");
+    for (int64_t i = 0; i < 2; ++i) {
+        auto part = [&](const Array& a) {
+            const size_t n = a.data.size() / 2;
+            std::vector<int64_t> dims(a.dims.begin() + 1, a.dims.end());
+            return Array{dims, std::vector<float>(a.data.begin() + i * n,
+                                                  a.data.begin() + (i + 1) * n)};
+        };
+        Array qi = part(q), ki = part(k), vi = part(v), di = part(dout), si = part(sinks);
+        Array mi{{1, 1, 5, 7}, mask.data, kPred};
+        Array oi = zeros(qi.dims), li = zeros({1, 2, 5});
+        Frame f({&qi, &ki, &vi, &mi, &si}, {&oi, &li}, attrs);
+        CHECK(run(&xla_attention_forward, f) == "");
+        CHECK(oi.data == part(o).data);
+        CHECK(li.data == part(lse).data);
+        Array gq = zeros(qi.dims), gk = zeros(ki.dims), gv = zeros(vi.dims), gs = zeros({2});
+        Frame b({&di, &qi, &ki, &vi, &oi, &li, &mi, &si}, {&gq, &gk, &gv, &gs}, attrs);
+        CHECK(run(&xla_attention_backward, b) == "");
+        CHECK(gq.data == part(dq).data);
+        CHECK(gk.data == part(dk).data);
+        CHECK(gv.data == part(dv).data);
+        CHECK(gs.data == part(ds).data);
+    }
+}
+
 bool contains(const std::string& s, const std::string& needle) {
     return s.find(needle) != std::string::npos;
 }
@@ -230,7 +275,8 @@ void test_bad_frames_are_errors_with_messages() {
     q64.dtype = kF64;
     Frame wrong_dtype({&q64, &k, &v}, {&o, &lse}, attributes(false, -1, -1, 0.5));
     const std::string dtype_msg = run(&xla_attention_forward, wrong_dtype, &code);
-    CHECK(contains(dtype_msg, "flashattn.jax: q must be float32"));
+    CHECK(contains(dtype_msg, "flashattn.jax: q must be float32, float16 or bfloat16, got "
+                              "float64"));
     CHECK(code == kInvalidArgument);
 
     auto no_scale = attributes(false, -1, -1, 0.5);
@@ -238,9 +284,13 @@ void test_bad_frames_are_errors_with_messages() {
     Frame missing({&q, &k, &v}, {&o, &lse}, no_scale);
     CHECK(contains(run(&xla_attention_forward, missing), "missing scalar attribute scale"));
 
-    Array k_other = random_array({2, 4, 2, 8}, rng), v_other = random_array({2, 4, 2, 8}, rng);
-    Frame lead({&q, &k_other, &v_other}, {&o, &lse}, attributes(false, -1, -1, 0.5));
+    Array q3 = random_array({3, 1, 4, 2, 8}, rng), o3 = zeros({3, 1, 4, 2, 8});
+    Array k_other = random_array({2, 1, 4, 2, 8}, rng), lse3 = zeros({3, 1, 2, 4});
+    Frame lead({&q3, &k_other, &k_other}, {&o3, &lse3}, attributes(false, -1, -1, 0.5));
     CHECK(contains(run(&xla_attention_forward, lead), "leading axes do not match q's"));
+    Frame batch({&q, &k_other, &k_other}, {&o, &lse}, attributes(false, -1, -1, 0.5));
+    CHECK(contains(run(&xla_attention_forward, batch), "k has shape (2, 1, 4, 2, 8), whose "
+                                                       "leading axes do not match q's"));
 
     Array q_big = random_array({1, 4, 2, 300}, rng), k_big = random_array({1, 4, 2, 300}, rng);
     Array o_big = zeros(q_big.dims);
@@ -262,6 +312,7 @@ int main() {
     test_metadata_query_is_answered();
     test_forward_and_backward_equal_the_cpu_engine();
     test_vmapped_leading_axes_fold_into_the_batch();
+    test_sinks_under_lead_axes_run_once_per_index();
     test_bad_frames_are_errors_with_messages();
     return flashattn_test::finish("test_xla_handlers");
 }

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/plan.h"
+#include "core/selftest.h"
 
 using namespace flashattn;
 
@@ -35,6 +36,9 @@ std::string describe(const Launch& l) {
     return l.kernel + " " + std::to_string(threads) + " " + (constants.empty() ? "-" : constants);
 }
 
+// The forward's plan for the default GPU (the split-KV count changes no kernel).
+Plan forward_plan(const FlashParams& p, DType dtype) { return plan_forward(p, dtype); }
+
 }  // namespace
 
 int main() {
@@ -51,19 +55,21 @@ int main() {
             for (const auto& h : heads)
                 for (int B : {1, 2}) {
                     const FlashParams p = shape(B, t[0], t[1], h[0], h[1], D);
-                    plan(plan_forward, p);
+                    plan(forward_plan, p);
                     plan(plan_backward, p);
                 }
     // Every score option at once (issue 16): the heaviest variant of each kernel.
     for (int D = 1; D <= 256; ++D) {
         FlashParams p = shape(2, 113, 203, 8, 2, D);
         p.score_mods = FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_FLOAT | FA_SCORE_SINKS;
-        plan(plan_forward, p);
+        plan(forward_plan, p);
         plan(plan_backward, p);
         p.score_mods = FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_BOOL | FA_SCORE_SINKS;
-        plan(plan_forward, p);
+        plan(forward_plan, p);
         plan(plan_backward, p);
     }
+    // The self-test's lane probe (core/selftest.h), launched at engine start.
+    lines.insert(describe(lane_probe_launch()));
     for (const std::string& line : lines) std::printf("%s\n", line.c_str());
     return 0;
 }

@@ -95,6 +95,7 @@ def restore_threads():
 
 
 def pytest_terminal_summary(terminalreporter):
+    _drop_in_summary(terminalreporter)
     if not WORST:
         return
     tr = terminalreporter
@@ -109,3 +110,15 @@ def pytest_terminal_summary(terminalreporter):
                       key=lambda k: (k[3], order.get(k[2], 9)))
         cells = [f"{name} {WORST[(b, d, name, f)]:.2f} [{f:g}]" for b, d, name, f in keys]
         tr.write_line(f"  {backend:<10} {dtype:<5} " + "  ".join(cells))
+
+
+def _drop_in_summary(tr):
+    """The drop-ins' worst difference from their framework's own function
+    (test_torch, test_jax, test_mlx), per output and dtype."""
+    from framework_checks import WORST_DROP_IN
+
+    if not WORST_DROP_IN:
+        return
+    tr.section("drop-ins: worst max |ours - the framework's function|")
+    for (name, dtype), (diff, relative) in sorted(WORST_DROP_IN.items()):
+        tr.write_line(f"  {name:<28} {dtype:<5} {diff:.3e}  ({relative:.2e} of its largest value)")

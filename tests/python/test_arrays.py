@@ -115,13 +115,17 @@ def test_a_torch_tensor_that_requires_grad_points_to_flashattn_torch():
 def test_a_non_float32_tensor_says_float32():
     torch = pytest.importorskip("torch", reason="needs torch")
     q, k, v = (torch.from_numpy(x) for x in _qkv())
-    for bad in (torch.float64, torch.bfloat16):  # bfloat16: NumPy has no DLPack code for it
-        with pytest.raises(TypeError, match=r"^attention: v .*float32"):
-            fa.attention(q, k, v.to(bad))
-    # A float16 tensor is read in place (a dtype of the contract): among
-    # float32 ones, it is a mixing error naming each dtype.
-    with pytest.raises(TypeError, match=r"^attention: q, k and v must share one dtype.*v is float16"):
-        fa.attention(q, k, v.to(torch.float16))
+    with pytest.raises(TypeError, match=r"^attention: v .*float32"):
+        fa.attention(q, k, v.to(torch.float64))
+    # float16 and bfloat16 tensors are read in place (dtypes of the contract;
+    # bfloat16 as its int16 bits, which DLPack carries): among float32 ones,
+    # each is a mixing error naming each dtype.
+    for half, name in ((torch.float16, "float16"), (torch.bfloat16, "bfloat16")):
+        with pytest.raises(TypeError, match=rf"^attention: q, k and v must share one dtype.*v is "
+                                            rf"{name}"):
+            fa.attention(q, k, v.to(half))
+        o = fa.attention(q.to(half), k.to(half), v.to(half))
+        assert o.dtype.name == name
 
 
 def test_an_array_on_a_device_the_cpu_cannot_read_is_a_type_error():

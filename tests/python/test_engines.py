@@ -12,7 +12,8 @@ import sys
 import pytest
 
 import flashattn as fa
-from flashattn import _engines, _report
+from flashattn import _engines
+from flashattn.cli import report as _report
 
 
 def test_cpu_and_metal_sim_are_always_there():

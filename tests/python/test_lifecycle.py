@@ -36,8 +36,11 @@ def long_call():
 """
 
 
-def run_script(body: str, *, backend="cpu", env=None, timeout=120) -> subprocess.CompletedProcess:
-    code = SETUP.format(backend=backend, shape=LONG.get(backend, LONG["cpu"])) + textwrap.dedent(body)
+def run_script(body: str, *, backend="cpu", env=None, timeout=120,
+               before_import: str = "") -> subprocess.CompletedProcess:
+    code = (textwrap.dedent(before_import) +
+            SETUP.format(backend=backend, shape=LONG.get(backend, LONG["cpu"])) +
+            textwrap.dedent(body))
     try:
         return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                               timeout=timeout, env=env)
@@ -92,6 +95,124 @@ def test_ctrl_c_interrupts_a_long_call(backend):
     print(f"{backend}: KeyboardInterrupt {float(lines[0].split()[1]) * 1000:.0f} ms after SIGINT")
 
 
+# The calls issue 32 found to hold Ctrl-C (and exit) up for 7-70 s: a few
+# huge tasks, checked only between tasks. An MQA backward at T = 16k (the
+# dK/dV work of the one kv head is a few tasks), and a forward of 1,024
+# queries against 1M keys (no split-KV: each task is one query tile against
+# every key).
+HUGE_TASKS = {
+    "mqa_backward_16k": """
+        x = rng.standard_normal((1, 16384, 8, 64), dtype=np.float32)
+        kv = x[:, :, :1]
+        lse = np.zeros((1, 8, 16384), np.float32)
+        def huge_call():
+            fa.attention_backward(x, x, kv, kv, x, lse, causal=True, backend="cpu")
+    """,
+    "forward_1024x1M": """
+        x = rng.standard_normal((1, 1024, 1, 128), dtype=np.float32)
+        kv = rng.standard_normal((1, 1 << 20, 1, 128), dtype=np.float32)
+        def huge_call():
+            fa.attention(x, kv, kv, backend="cpu")
+    """,
+}
+
+
+@pytest.mark.parametrize("call", sorted(HUGE_TASKS))
+def test_ctrl_c_is_quick_in_a_call_of_few_huge_tasks(call):
+    """Each task checks for the interrupt between its key blocks: SIGINT
+    0.5 s in raises KeyboardInterrupt well within a second (it took
+    11.8 s for the backward, 1.7 s for the forward, before the tasks
+    checked), and the next call runs as usual."""
+    result = run_script(HUGE_TASKS[call] + """
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        start = time.perf_counter()
+        try:
+            huge_call()
+            print("finished", time.perf_counter() - start)
+        except KeyboardInterrupt:
+            print(f"interrupted {time.perf_counter() - start - 0.5:.3f}")
+        timer.join()
+        assert fa.attention(small, small, small, backend="cpu").shape == small.shape
+    """)
+    assert_ok(result)
+    assert result.stdout.startswith("interrupted "), result.stdout
+    latency = float(result.stdout.split()[1])
+    print(f"{call}: KeyboardInterrupt {latency * 1000:.0f} ms after SIGINT")
+    assert latency < 1.0, result.stdout
+
+
+def test_a_signal_handler_may_set_the_thread_count_during_a_call():
+    """A handler that calls fa.set_num_threads runs inside the call's poll;
+    the workers it joins must not need a lock the poll holds. The call is
+    made so that its caller polls while it waits for a worker's long task
+    (two tiles: the caller's, the first, is all masked out; the worker's
+    faces a million keys), where with 2 threads this deadlocked. The call
+    then gives its usual answer, and so does the handler's own cpu call."""
+    result = run_script("""
+        fa.set_num_threads(2)
+        x = rng.standard_normal((1, 128, 1, 64), dtype=np.float32)
+        kv = rng.standard_normal((1, 1 << 20, 1, 64), dtype=np.float32)
+        mask = np.ones((1, 1, 128, 1), bool)
+        mask[:, :, 64:] = False  # the last tile, which goes first, sees nothing
+        want = fa.attention(x, kv, kv, mask=mask, backend="cpu")
+        small_want = fa.attention(small, small, small, backend="cpu")
+        in_call, seen = [False], []
+        def handler(*_):
+            fa.set_num_threads(3 if fa.get_num_threads() == 2 else 2)
+            ok = np.array_equal(fa.attention(small, small, small, backend="cpu"), small_want)
+            seen.append((in_call[0], ok))
+        signal.signal(signal.SIGUSR1, handler)
+        for delay in (0.05, 0.1, 0.2):
+            fa.set_num_threads(2)
+            time.sleep(0.01)  # the workers asleep: the caller takes the first tile
+            timer = threading.Timer(delay, os.kill, (os.getpid(), signal.SIGUSR1))
+            timer.start()
+            in_call[0] = True
+            got = fa.attention(x, kv, kv, mask=mask, backend="cpu")
+            in_call[0] = False
+            timer.join()
+            assert np.array_equal(got, want)
+        print("ok", seen)
+    """, timeout=120)
+    assert_ok(result)
+    assert result.stdout.strip() == "ok [(True, True), (True, True), (True, True)]", result.stdout
+
+
+def test_a_signal_handler_calling_metal_sim_during_a_metal_sim_call():
+    """metal-sim runs one launch at a time, and its polls run inside a
+    launch: a handler's metal-sim call then raises RuntimeError at once
+    (it waited forever for the launch lock its own thread held); between
+    launches it simply runs. The handler then raises KeyboardInterrupt,
+    which stops the long call, and metal-sim works as before."""
+    result = run_script("""
+        small_want = fa.attention(small, small, small, backend="metal-sim")
+        seen = []
+        def handler(*_):
+            try:
+                seen.append(np.array_equal(fa.attention(small, small, small, backend="metal-sim"),
+                                           small_want))
+            except RuntimeError as e:
+                seen.append(str(e))
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGUSR1, handler)
+        timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR1))
+        timer.start()
+        try:
+            long_call()
+            print("finished")
+        except KeyboardInterrupt:
+            print("interrupted")
+        timer.join()
+        assert np.array_equal(fa.attention(small, small, small, backend="metal-sim"), small_want)
+        print(seen[0])
+    """, backend="metal-sim", timeout=120)
+    assert_ok(result)
+    first, outcome = result.stdout.strip().split("\n", 1)
+    assert first == "interrupted", result.stdout
+    assert outcome == "True" or ("one launch at a time" in outcome), result.stdout
+
+
 def test_a_signal_handler_that_does_not_raise_lets_the_call_finish():
     """Only a handler that raises stops the call: SIGUSR1 with a handler that
     counts runs during the call, and the call's answer is the usual one."""
@@ -133,6 +254,45 @@ def test_exit_with_a_daemon_thread_inside_a_call(backend, calls):
         assert result.stdout.strip() == "main done"
 
 
+@pytest.mark.parametrize("call", sorted(HUGE_TASKS))
+def test_exit_is_quick_with_a_daemon_thread_in_a_call_of_few_huge_tasks(call):
+    """The exit hook stops the daemon thread's call at its next key block:
+    the process ends within about a second of the main thread's return
+    (8.2 s for the backward before the tasks checked)."""
+    result = run_script(HUGE_TASKS[call] + """
+        threading.Thread(target=huge_call, daemon=True).start()
+        time.sleep(0.5)
+        print(time.time())
+    """)
+    end = time.time()
+    assert_ok(result)
+    wait = end - float(result.stdout.split()[0])
+    print(f"{call}: exit {wait * 1000:.0f} ms after the main thread returned")
+    assert wait < 2.0, result.stdout
+
+
+def test_a_call_from_an_atexit_handler_registered_before_import(backend):
+    """atexit runs handlers last-registered first, so flashattn's exit hook
+    runs before a handler registered before the import; that handler's call
+    runs (it parked forever) -- also when the hook had a daemon thread's
+    call to stop first."""
+    for daemon in (False, True):
+        result = run_script(f"""
+            want = fa.attention(small, small, small, backend=backend)
+            if {daemon}:
+                threading.Thread(target=long_call, daemon=True).start()
+                time.sleep(0.5)
+        """, before_import="""
+            import atexit
+            def late():
+                got = fa.attention(small, small, small, backend=backend)
+                print("late call", np.array_equal(got, want), flush=True)
+            atexit.register(late)
+        """, backend=backend, timeout=60)
+        assert_ok(result)
+        assert result.stdout.strip() == "late call True", result.stdout
+
+
 # ------------------------------------------------------------------ fork
 
 @pytest.mark.skipif(sys.platform == "win32", reason="needs os.fork")
@@ -166,6 +326,31 @@ def test_fork_while_another_thread_is_inside_a_call(backend):
     """, backend=backend)
     assert_ok(result)
     assert result.stdout.strip() == "child 0", result.stdout + result.stderr
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs os.fork")
+def test_child_forked_during_another_threads_call_exits_at_once():
+    """The child inherits no call in flight but its own: it exits normally
+    (atexit, so the exit hook) in well under the hook's 10 s wait for
+    calls, which it used to spend waiting on the parent's thread's call."""
+    result = run_script("""
+        import warnings
+        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads (3.12+)
+        threading.Thread(target=long_call, daemon=True).start()
+        time.sleep(0.5)
+        start = time.monotonic()
+        pid = os.fork()
+        if pid == 0:
+            fa.attention(small, small, small, backend="cpu")
+            sys.exit(0)  # a normal exit: atexit handlers run
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status), f"{time.monotonic() - start:.2f}")
+        os._exit(0)
+    """)
+    assert_ok(result)
+    words = result.stdout.split()
+    assert words[:2] == ["child", "0"], result.stdout
+    assert float(words[2]) < 5.0, result.stdout
 
 
 # ---------------------------------------------------------- thread limits

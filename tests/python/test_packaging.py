@@ -72,22 +72,53 @@ def test_mypy_strict_rejects_a_wrong_call(tmp_path):
     assert r.returncode == 1 and "Incompatible types" in r.stdout
 
 
-def test_the_sdist_ships_the_license(tmp_path):
-    build = pytest.importorskip("scikit_build_core.build",
-                                reason="scikit-build-core is in the test extra")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+def _tracked_files(repo: str) -> list:
+    """The files git tracks in the source checkout ``repo`` (skips the test
+    where there is no such checkout: an installed wheel, an unpacked sdist)."""
     if not os.path.isfile(os.path.join(repo, "pyproject.toml")):
         pytest.skip(f"no source tree at {repo}")
+    try:
+        r = subprocess.run(["git", "-C", repo, "ls-files", "-z"], capture_output=True,
+                           text=True, timeout=60)
+    except OSError:
+        pytest.skip("git is not installed")
+    if r.returncode != 0 or not r.stdout:
+        pytest.skip(f"{repo} is not a git checkout: {r.stderr.strip()}")
+    return [f for f in r.stdout.split("\0") if f and os.path.isfile(os.path.join(repo, f))]
+
+
+def test_the_sdist_is_the_tracked_files_and_small(tmp_path):
+    # A checkout set up as the README says: a .venv inside it (here with a
+    # stand-in file), and what builds and earlier sdists leave behind. The
+    # sdist must hold exactly the tracked files (and PKG-INFO), under 1 MB.
+    build = pytest.importorskip("scikit_build_core.build",
+                                reason="scikit-build-core is in the test extra")
+    import shutil
     import tarfile
 
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    tracked = _tracked_files(repo)
+    checkout = tmp_path / "checkout"
+    for name in tracked:
+        (checkout / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(os.path.join(repo, name), checkout / name)
+    for junk in (".venv/lib/python3.12/site-packages/numpy/__init__.py", ".venv/bin/python",
+                 "venv/bin/python", "build/ctest/CMakeCache.txt", "build/cp312/_core.so",
+                 "dist/flashattn-0.0.1.tar.gz", "python/flashattn/__pycache__/_api.pyc"):
+        (checkout / junk).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / junk).write_bytes(b"\0" * 4096)
     cwd = os.getcwd()
-    os.chdir(repo)  # build_sdist packs the current directory
+    os.chdir(checkout)  # build_sdist packs the current directory
     try:
-        name = build.build_sdist(str(tmp_path))
+        name = build.build_sdist(str(tmp_path / "dist"))
     finally:
         os.chdir(cwd)
-    with tarfile.open(tmp_path / name) as tar:
-        names = tar.getnames()
+    path = tmp_path / "dist" / name
+    with tarfile.open(path) as tar:
+        names = [m.name for m in tar.getmembers() if m.isfile()]
     top = names[0].split("/")[0]
+    packed = sorted(n[len(top) + 1:] for n in names)
+    assert packed == sorted(tracked + ["PKG-INFO"])
     for member in ("LICENSE", "python/flashattn/py.typed", "python/flashattn/_core.pyi"):
-        assert f"{top}/{member}" in names, member
+        assert member in packed, member
+    assert os.path.getsize(path) < 1_000_000, os.path.getsize(path)

@@ -378,7 +378,9 @@ def test_reference_varlen_refuses_bad_prefix_sums(cu, message):
         fa.reference.attention_varlen(q, q, q, cu, np.array([0, 2, 5], np.int32)[:cu.shape[-1]])
 
 
-def test_reference_varlen_refuses_int64_prefix_sums():
+def test_reference_varlen_takes_int64_prefix_sums_that_fit_int32():
     q = np.zeros((5, 2, 3), np.float32)
-    with pytest.raises(TypeError, match="cu_seqlens_k must be int32, got int64"):
-        fa.reference.attention_varlen(q, q, q, np.array([0, 5], np.int32), np.array([0, 5]))
+    o = fa.reference.attention_varlen(q, q, q, np.array([0, 5], np.int32), np.array([0, 5]))
+    assert o.shape == q.shape
+    with pytest.raises(TypeError, match="cu_seqlens_k must be int32 .*got float64"):
+        fa.reference.attention_varlen(q, q, q, np.array([0, 5], np.int32), np.array([0., 5.]))

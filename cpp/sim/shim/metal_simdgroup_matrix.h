@@ -46,7 +46,9 @@ struct Coord {
 };
 inline Coord coord(unsigned lane) {
     const unsigned q = lane / 4;
-    return {(q & 4) + (lane / 2) % 4, (q & 2) * 2 + (lane % 2) * 2};
+    const unsigned col = (q & 2) * 2 + (lane % 2) * 2;
+    // The planted fault of the self-test's tests: column pairs swapped.
+    return {(q & 4) + (lane / 2) % 4, ::fa_sim::lane_map_fault() ? col ^ 2u : col};
 }
 
 }  // namespace simdgroup_detail
