@@ -141,8 +141,8 @@ int main() {
                                  "flash_fwd_merge_f16"})
             found += find_kernel(name) != nullptr;
         CHECK(found == 11);
-        // 3 storage types x (preprocess, merge; 5 buckets x (fwd, dq, dkdv))
-        CHECK(kernels().size() == 3 * (2 + 5 * 3));
+        // 3 storage types x (preprocess, merge; 5 buckets x (fwd, dq, dkdv)), and the selftest
+        CHECK(kernels().size() == 3 * (2 + 5 * 3) + 1);  // + flash_selftest_lanes (core/selftest.h)
         CHECK(find_kernel("flash_fwd_f32_hd48") == nullptr);
     }
     return flashattn_test::finish("test_sim_launcher");
