@@ -532,6 +532,10 @@ void set_function_constants(const std::string& kernel, const std::vector<Functio
 
 }  // namespace
 
+namespace {
+void tally_kernel(const std::string& name, const OpCounts& before);
+}  // namespace
+
 void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 grid, Dim3 group,
                 const std::vector<FunctionConstant>& constants) {
     const std::string why = kernel.check(buffers);
@@ -552,7 +556,9 @@ void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 
     const Launching launching;
     set_function_constants(kernel.name, constants);
     LaunchState state(kernel, buffers, grid, group);
+    const OpCounts before = op_counts();
     state.run();
+    tally_kernel(kernel.name, before);  // one launch at a time: the difference is this launch's
 }
 
 const char* execution_mode() { return LaunchState::fibers_enabled() ? "fibers" : "threads"; }
@@ -589,6 +595,19 @@ void run_plan(const Plan& plan, const SlotPointers& call_slots) {
 
 namespace {
 std::atomic<uint64_t> g_counts[5];
+std::mutex g_by_kernel_mutex;
+std::map<std::string, OpCounts> g_by_kernel;
+
+void tally_kernel(const std::string& name, const OpCounts& before) {
+    const OpCounts now = op_counts();
+    std::lock_guard<std::mutex> lock(g_by_kernel_mutex);
+    OpCounts& k = g_by_kernel[name];
+    k.mma += now.mma - before.mma;
+    k.matrix_loads += now.matrix_loads - before.matrix_loads;
+    k.matrix_stores += now.matrix_stores - before.matrix_stores;
+    k.simd_exchanges += now.simd_exchanges - before.simd_exchanges;
+    k.barriers += now.barriers - before.barriers;
+}
 }  // namespace
 
 OpCounts op_counts() {
@@ -603,6 +622,13 @@ OpCounts op_counts() {
 
 void reset_op_counts() {
     for (auto& c : g_counts) c.store(0);
+    std::lock_guard<std::mutex> lock(g_by_kernel_mutex);
+    g_by_kernel.clear();
+}
+
+std::map<std::string, OpCounts> op_counts_by_kernel() {
+    std::lock_guard<std::mutex> lock(g_by_kernel_mutex);
+    return g_by_kernel;
 }
 
 void count(fa_sim::Op op) { g_counts[size_t(op)].fetch_add(1, std::memory_order_relaxed); }

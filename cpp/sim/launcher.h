@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,9 @@ struct OpCounts {
 };
 OpCounts op_counts();
 void reset_op_counts();
+// The same per kernel (host name), since reset_op_counts(): launches run one
+// at a time (run_launch holds a lock), so each launch's counts are its own.
+std::map<std::string, OpCounts> op_counts_by_kernel();
 
 // Runs every launch of a plan; slots[s] is the memory bound to Slot s
 // (Slot::params is taken from plan.params, the plan's scratch is allocated here).
