@@ -54,7 +54,7 @@ FA_INLINE float fa_prob(float s, float lse) { return exp2((s - lse) * M_LOG2E_F)
 // FA_DQ_DCHUNK(HD) columns (grid.y = Hkv * HD / chunk); K and V staged
 // through threadgroup memory exactly as in the forward.
 template <int HD, class T>
-kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
+FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
                          device const T* k [[buffer(1)]],
                          device const T* v [[buffer(2)]],
                          device const T* dout [[buffer(3)]],
@@ -202,7 +202,7 @@ kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
 // forward's scores bit for bit) and dout blocks of FA_DKDV_STAGE(HD) rows are
 // staged with their lse and delta.
 template <int HD, class T>
-kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
+FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
                            device const T* k [[buffer(1)]],
                            device const T* v [[buffer(2)]],
                            device const T* dout [[buffer(3)]],

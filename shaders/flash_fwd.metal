@@ -40,7 +40,7 @@
 #include "flash_device.h"
 
 template <int HD, class T>
-kernel void flash_fwd(device const T* q [[buffer(0)]],
+FA_MAX_THREADS(FA_THREADS) kernel void flash_fwd(device const T* q [[buffer(0)]],
                       device const T* k [[buffer(1)]],
                       device const T* v [[buffer(2)]],
                       device T* o [[buffer(3)]],  // float partial_o with split-KV

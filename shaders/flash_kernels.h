@@ -75,6 +75,22 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // Split-KV decode merges at most this many key ranges (one per lane).
 #define FA_MAX_KV_SPLITS 32
 
+// Occupancy is declared: every tiled kernel (forward, dQ, dK/dV) carries
+// FA_MAX_THREADS(FA_THREADS), [[max_total_threads_per_threadgroup]] on
+// Metal (as MLX's steel attention declares its WM * WN * 32), so the
+// compiler allocates registers for exactly that many threads. The host
+// builds those pipelines with the same N and refuses one whose limit comes
+// out below it (cpp/metal/device.mm; core/plan.h, declared_max_threads,
+// names the kernels); metal-sim refuses a launch above it. The C++ side
+// (metal-sim, the gate's proxy) has no such attribute: nothing there.
+#ifndef FA_MAX_THREADS
+#ifdef __METAL_VERSION__
+#define FA_MAX_THREADS(n) [[max_total_threads_per_threadgroup(n)]]
+#else
+#define FA_MAX_THREADS(n)
+#endif
+#endif
+
 // Function constants (host: cpp/core/plan.cpp, index for index).
 #define FA_FC_HEAD_FULL 0  // bool: D equals the bucket: no column guards
 #define FA_FC_HEAD_VEC16 1  // bool: D fills whole 16-byte vectors of the dtype (D % 4 == 0 for float32, D % 8 == 0 for 16-bit)

@@ -43,6 +43,13 @@ const char* kernel_dtype(DType dtype) {
     throw std::invalid_argument("kernel_dtype: unknown dtype " + std::to_string(int(dtype)));
 }
 
+uint32_t declared_max_threads(const std::string& kernel) {
+    auto starts = [&](const char* prefix) { return kernel.rfind(prefix, 0) == 0; };
+    const bool tiled = starts("flash_bwd_dq_") || starts("flash_bwd_dkdv_") ||
+                       (starts("flash_fwd_") && kernel.find("_hd") != std::string::npos);
+    return tiled ? uint32_t(FA_THREADS) : 0;
+}
+
 namespace {
 
 uint32_t blocks(int64_t rows, int64_t per_block) {

@@ -538,9 +538,15 @@ void tally_kernel(const std::string& name, const OpCounts& before);
 
 void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 grid, Dim3 group,
                 const std::vector<FunctionConstant>& constants) {
+    const uint64_t threads = uint64_t(group.x) * group.y * group.z;
+    // [[max_total_threads_per_threadgroup(N)]] (FA_MAX_THREADS): Metal refuses
+    // a dispatch above the pipeline's limit, which is N for such a kernel.
+    if (const uint32_t declared = declared_max_threads(kernel.name); declared && threads > declared)
+        throw std::runtime_error("metal-sim: " + kernel.name + ": " + std::to_string(threads) +
+                                 " threads per threadgroup, above the " + std::to_string(declared) +
+                                 " its max_total_threads_per_threadgroup declares");
     const std::string why = kernel.check(buffers);
     if (!why.empty()) throw std::runtime_error("metal-sim: " + kernel.name + ": " + why);
-    const uint64_t threads = uint64_t(group.x) * group.y * group.z;
     if (threads == 0 || threads > kMaxThreadsPerGroup)
         throw std::runtime_error("metal-sim: " + kernel.name + ": " + std::to_string(threads) +
                                  " threads per threadgroup (must be 1.." +
