@@ -32,6 +32,7 @@ def main():
     ap.add_argument("--threads", default="16")
     ap.add_argument("--shapes", default="issue")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--no-bwd", action="store_true", help="leave out the backward alone")
     a = ap.parse_args()
     import torch
 
@@ -47,7 +48,10 @@ def main():
             fns = {"fwd": pr.ours_forward, "fb": pr.ours_forward_backward,
                    "bwd": lambda: pr.ours_backward(o, lse),
                    "tfwd": pr.torch_forward, "tfb": pr.torch_forward_backward}
+            if a.no_bwd:
+                del fns["bwd"]
             tm = {k: min(v) for k, v in interleaved(fns, a.repeat, Quiet(), "").items()}
+            tm.setdefault("bwd", float("nan"))
             fl = forward_flops(B, T, T, H, D, causal)
             print(f"{a.label} {a.dtype} threads={t} {shape} "
                   f"fwd {tm['fwd'] * 1e3:.2f} ms ({fl / tm['fwd'] / 1e9 / peak:.0%} peak, "

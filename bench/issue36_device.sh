@@ -48,9 +48,9 @@ ab)
   # $2: dtype, $3: threads list, $4: shapes (issue,table); main and the branch
   # in turn, twice, each against torch in its own process
   A=$W/bench/issue36_ab.py
-  for round in 1 2; do
+  for round in $(seq ${AB_ROUNDS:-2}); do
     for b in main br_plain; do
-      $b timeout ${AB_S:-150} python3 $A --label "$b#$round" --dtype $2 --threads $3 --shapes $4 \
+      $b timeout ${AB_S:-150} python3 $A --label "$b#$round" --dtype $2 --threads $3 --shapes $4 $AB_ARGS \
         >> $OUT/ab_$2_${4//,/_}_t${3//,/_}.txt 2>&1
     done
   done
