@@ -184,6 +184,14 @@ def mask(fn: str, value, B: int, H: int, Tq: int, Tk: int,
                         f"scores), got {value.dtype}")
     if value.dtype != np.bool_ and not value.dtype.isnative:
         raise TypeError(f"{fn}: mask has non-native byte order ({value.dtype.str})")
+    size = value.dtype.itemsize
+    if value.size and (not value.flags.aligned or any(s % size for s in value.strides)):
+        # A field view of a structured array, say: the engines read whole
+        # elements in place (a broadcast mask is never copied to (B, H, Tq, Tk)).
+        raise ValueError(f"{fn}: mask must be aligned with strides that are whole {value.dtype} "
+                         f"elements of {size} bytes, got strides {value.strides}"
+                         f"{'' if value.flags.aligned else ' (misaligned)'}; pass "
+                         f"np.ascontiguousarray(mask)")
     try:
         return np.broadcast_to(value, (B, H, Tq, Tk))
     except ValueError:

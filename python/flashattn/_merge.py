@@ -13,12 +13,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import _args
+from . import _args, _dtypes
 
 __all__ = ["merge_states"]
 
 
 def _parts(fn: str, name: str, parts) -> list[np.ndarray]:
+    """The parts as arrays: a sequence of arrays, or one array stacked on
+    axis 0. A masked array (the sequence or a part) is refused as the NumPy
+    API refuses one: its mask would be ignored."""
+    if isinstance(parts, np.ma.MaskedArray):
+        _args.array(fn, name, parts)
     if isinstance(parts, np.ndarray):
         parts = list(parts)  # an array stacked on axis 0: one part per index
     try:
@@ -29,6 +34,9 @@ def _parts(fn: str, name: str, parts) -> list[np.ndarray]:
         ) from None
     if not parts:
         raise ValueError(f"{fn}: {name} is empty; give at least one part")
+    for i, x in enumerate(parts):
+        if isinstance(x, np.ma.MaskedArray):  # np.asarray would drop its mask silently
+            _args.array(fn, f"{name}[{i}]", x)
     return [_args.array(fn, f"{name}[{i}]", np.asarray(x)) for i, x in enumerate(parts)]
 
 
@@ -59,8 +67,9 @@ def merge_states(o_parts, lse_parts):
         if o.dtype != dtype:
             raise TypeError(f"{fn}: o_parts[{i}] is {o.dtype} but o_parts[0] is {dtype}; "
                             "give every part one dtype")
-        if dtype.kind != "f" and dtype.name != "bfloat16":
-            raise TypeError(f"{fn}: o_parts[{i}] must be a float array, got {o.dtype}")
+        if _dtypes.name_of(dtype) is None:  # as the engines: float64 is not cast for you
+            raise TypeError(f"{fn}: o_parts[{i}] must be float32, float16 or bfloat16 (the "
+                            f"engines' o), got {o.dtype}; convert with .astype(np.float32)")
         if o.shape != shape:
             raise ValueError(f"{fn}: o_parts[{i}] has shape {o.shape}, o_parts[0] {shape}")
         if lse.dtype != np.float32:

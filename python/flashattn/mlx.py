@@ -84,7 +84,7 @@ def _stream_host(static, cu):
     return _instream.host() if static.backend is None and cu is None else None
 
 
-def _host_copy(compute):
+def _host_copy(fn, compute):
     """compute() on the host-copy path; inside mx.compile, where MLX will not
     hand arrays to the CPU, a RuntimeError that says why."""
     try:
@@ -93,7 +93,7 @@ def _host_copy(compute):
         if "function transformations" not in str(e):
             raise
         raise RuntimeError(
-            "flashattn.mlx: cannot run inside mx.compile (or mx.vmap) on the host-copy path, "
+            f"{fn}: cannot run inside mx.compile (or mx.vmap) on the host-copy path, "
             "which reads the arrays on the CPU; flashattn runs in MLX's stream, and so under "
             "mx.compile, only on a Mac with MLX's GPU and backend=None (here: call it outside "
             "the compiled function)") from e
@@ -105,7 +105,7 @@ def _compute_forward(q, k, v, static, alibi, mask, sinks, cu=None):
         return _instream.forward(host, q, k, v, causal=static.causal, window=static.window,
                                  scale=static.scale, softcap=static.softcap,
                                  alibi_slopes=alibi, mask=mask, sinks=sinks)
-    return _host_copy(lambda: _host_forward(q, k, v, static, alibi, mask, sinks, cu))
+    return _host_copy(static.fn, lambda: _host_forward(q, k, v, static, alibi, mask, sinks, cu))
 
 
 def _compute_backward(do, q, k, v, o, lse, static, alibi, mask, sinks, cu=None):
@@ -115,8 +115,8 @@ def _compute_backward(do, q, k, v, o, lse, static, alibi, mask, sinks, cu=None):
                                   window=static.window, scale=static.scale,
                                   softcap=static.softcap, alibi_slopes=alibi, mask=mask,
                                   sinks=sinks)
-    return _host_copy(lambda: _host_backward(do, q, k, v, o, lse, static, alibi, mask, sinks,
-                                             cu))
+    return _host_copy(static.fn, lambda: _host_backward(do, q, k, v, o, lse, static, alibi,
+                                                        mask, sinks, cu))
 
 
 def _host_forward(q, k, v, static, alibi, mask, sinks, cu=None):
@@ -211,7 +211,8 @@ class _Static:
     """The options that are not arrays, and which option arrays come after
     q, k, v (in the order sinks, alibi, mask)."""
 
-    def __init__(self, causal, window, scale, softcap, backend, sinks, alibi, mask):
+    def __init__(self, fn, causal, window, scale, softcap, backend, sinks, alibi, mask):
+        self.fn = fn  # the entry point, for errors
         self.causal, self.window, self.scale, self.softcap = causal, window, scale, softcap
         self.backend, self.sinks, self.alibi, self.mask = backend, sinks, alibi, mask
 
@@ -314,7 +315,7 @@ def attention(q, k, v, *, causal=False, window=(-1, -1), scale=None, softcap=0.0
         q, k, v = (x.swapaxes(1, 2) for x in (q, k, v))
     if mask is not None:
         mask = mask.reshape((1,) * (4 - mask.ndim) + tuple(mask.shape))
-    static = _Static(opts.causal, opts.window, opts.resolved_scale(D), opts.softcap,
+    static = _Static(fn, opts.causal, opts.window, opts.resolved_scale(D), opts.softcap,
                      _backend(fn, backend), sinks is not None, alibi_slopes is not None,
                      mask is not None)
     extras = [x for x in (sinks, alibi_slopes, mask) if x is not None]
@@ -350,7 +351,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, max_seqlen_q=None,
     _wrappers.score_shapes(fn, batch, H, 1, 1, alibi_slopes=alibi_slopes, sinks=sinks)
     if alibi_slopes is not None and alibi_slopes.ndim == 1:
         alibi_slopes = mx.broadcast_to(alibi_slopes, (batch, H))
-    static = _Static(opts.causal, opts.window, opts.resolved_scale(D), opts.softcap,
+    static = _Static(fn, opts.causal, opts.window, opts.resolved_scale(D), opts.softcap,
                      _backend(fn, backend), sinks is not None, alibi_slopes is not None, False)
     extras = [x for x in (sinks, alibi_slopes) if x is not None]
     o, lse = _attend(static, cu)(q, k, v, *extras)

@@ -97,14 +97,19 @@ def _probabilities(s, sinks):
     B, H, Tq, _ = s.shape
     sink = np.full((1, H, 1, 1), -np.inf, s.dtype) if sinks is None else sinks[None, :, None, None]
     m = np.maximum(s.max(axis=-1, keepdims=True, initial=-np.inf), sink)
-    m_safe = np.where(np.isneginf(m), 0, m)  # a row that sees no key (nor sink) has m = -inf
-    e = np.exp(s - m_safe)  # exp(-inf) = 0 for hidden keys
-    e_sink = np.exp(sink - m_safe)
-    l = e.sum(axis=-1, keepdims=True) + e_sink
+    # A row that sees no key (nor sink) has m = -inf: o = 0, lse = -inf. A
+    # NaN or +inf score makes m NaN or +inf and, by IEEE arithmetic (inf -
+    # inf is NaN), l NaN: that row's p and lse are NaN, as the README says
+    # and the engines do (not the "sees no key" row).
+    none = np.isneginf(m)
+    m_safe = np.where(none, 0, m)
     with np.errstate(divide="ignore", invalid="ignore"):
-        p = np.where(l > 0, e / l, 0)
-        p_sink = np.where(l > 0, e_sink / l, 0)[..., 0]
-        lse = np.where(l > 0, m_safe + np.log(l), -np.inf)[..., 0]
+        e = np.exp(s - m_safe)  # exp(-inf) = 0 for hidden keys
+        e_sink = np.exp(sink - m_safe)
+        l = e.sum(axis=-1, keepdims=True) + e_sink
+        p = np.where(none, 0, e / l)
+        p_sink = np.where(none, 0, e_sink / l)[..., 0]
+        lse = np.where(none, -np.inf, m_safe + np.log(l))[..., 0]
     return p, p_sink, lse
 
 

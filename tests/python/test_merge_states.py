@@ -112,3 +112,25 @@ def test_bad_arguments_name_what_is_wrong():
         fa.merge_states([o, o.astype(np.float64)], [lse, lse])
     with pytest.raises(TypeError, match="sequence of arrays"):
         fa.merge_states(3, [lse])
+
+
+def test_masked_arrays_and_float64_parts_are_refused_naming_the_argument():
+    """Issue 32 item 13: merge_states took a masked array's data and dropped
+    its mask without a word, and merged float64 parts, where the NumPy API
+    refuses both with a TypeError naming the argument."""
+    case = Case(1, 3, 61, 2, 2, 8)
+    q, k, v, _ = inputs(case)
+    (o1, l1), (o2, l2) = _parts(q, k, v, [(0, 30), (30, 61)])
+    hide = np.zeros(o1.shape, bool)
+    hide[0, 1] = True
+    with pytest.raises(TypeError, match=r"merge_states: o_parts\[1\] is a masked array"):
+        fa.merge_states([o1, np.ma.masked_array(o2, hide)], [l1, l2])
+    with pytest.raises(TypeError, match=r"merge_states: lse_parts\[0\] is a masked array"):
+        fa.merge_states([o1, o2], [np.ma.masked_array(l1, np.isnan(l1)), l2])
+    with pytest.raises(TypeError, match=r"merge_states: o_parts is a masked array"):
+        fa.merge_states(np.ma.masked_array(np.stack([o1, o2])), [l1, l2])
+    with pytest.raises(TypeError, match=r"merge_states: o_parts\[0\] must be float32, float16 "
+                                        r"or bfloat16 .*got float64"):
+        fa.merge_states([o1.astype(np.float64), o2.astype(np.float64)], [l1, l2])
+    with pytest.raises(TypeError, match=r"o_parts\[0\] must be float32, float16 or bfloat16"):
+        fa.merge_states([o1.astype(np.int32)], [l1])

@@ -384,3 +384,34 @@ def test_reference_varlen_takes_int64_prefix_sums_that_fit_int32():
     assert o.shape == q.shape
     with pytest.raises(TypeError, match="cu_seqlens_k must be int32 .*got float64"):
         fa.reference.attention_varlen(q, q, q, np.array([0, 5], np.int32), np.array([0., 5.]))
+
+
+@pytest.mark.parametrize("bad", ["nan_q", "inf_q", "nan_k", "inf_score_mask"])
+def test_reference_nan_or_inf_scores_make_the_row_nan_as_the_engines_do(bad):
+    """Issue 32 item 9: a row with a NaN or +inf score is NaN in o and lse
+    (README: "a NaN or +inf score makes its row NaN"), on the reference as on
+    every engine; the other rows and a row that sees no key are unchanged.
+    The reference gave such rows o = 0 and lse = -inf."""
+    q, k, v, _ = inputs(Case(1, 5, 7, 2, 1, 8), seed=11)
+    mask = None
+    row = 2
+    if bad == "nan_q":
+        q[0, row, 0, 3] = np.nan
+    elif bad == "inf_q":  # q = +inf against positive k[..., 1]: every score +inf
+        q[0, row, 0, :] = 0
+        q[0, row, 0, 1] = np.inf
+        k[0, :, 0, 1] = np.abs(k[0, :, 0, 1]) + 0.1
+    elif bad == "nan_k":  # key 0 is seen by every row (not causal): every row of head 0/1
+        k[0, 0, 0, 5] = np.nan
+        row = slice(None)
+    else:  # a float mask of +inf in one place
+        mask = np.zeros((1, 2, 5, 7), np.float32)
+        mask[0, 0, row, 4] = np.inf
+    o_ref, lse_ref = fa.reference.attention(q, k, v, mask=mask, return_lse=True)
+    for backend in fa.backends():
+        o, lse = fa.attention(q, k, v, mask=mask, return_lse=True, backend=backend)
+        np.testing.assert_array_equal(np.isnan(o_ref), np.isnan(o), err_msg=backend)
+        np.testing.assert_array_equal(np.isnan(lse_ref), np.isnan(lse), err_msg=backend)
+    heads = slice(None) if bad == "nan_k" else 0
+    assert np.isnan(o_ref[0, row, heads]).all() and np.isnan(lse_ref[0, heads, row]).all()
+    assert np.isfinite(o_ref[0, 3]).all() or bad == "nan_k"

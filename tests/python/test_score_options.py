@@ -269,3 +269,44 @@ def test_strided_inputs_with_options(backend):
     got = fa.attention(q, k, v, backend=backend, **opts)
     want = fa.attention(*(np.ascontiguousarray(x) for x in (q, k, v)), backend=backend, **opts)
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_float_mask_of_odd_strides_is_an_error_naming_mask():
+    """Issue 32 item 11: a float32 field of a structured array (5-byte
+    strides: float32 + bool) as the mask reached the extension, which
+    answered with nanobind's signature dump. Now a ValueError names mask,
+    the strides and the fix, on every engine and the reference."""
+    case = Case(1, 5, 6, 2, 2, 8)
+    q, k, v, do = inputs(case, seed=52)
+    packed = np.zeros((5, 6), dtype=[("bias", np.float32), ("keep", np.bool_)])
+    mask = packed["bias"]
+    assert mask.strides == (30, 5)
+    message = r"attention\w*: mask must be aligned with strides that are whole float32 elements"
+    lse = np.zeros((1, 2, 5), np.float32)
+    for backend in fa.backends():
+        with pytest.raises(ValueError, match=message):
+            fa.attention(q, k, v, mask=mask, backend=backend)
+        with pytest.raises(ValueError, match=message):
+            fa.attention_backward(do, q, k, v, q, lse, mask=mask, backend=backend)
+    with pytest.raises(ValueError, match=message):
+        fa.reference.attention(q, k, v, mask=mask)
+    # The fix the message gives works, and equals the mask's values read anew.
+    fixed = fa.attention(q, k, v, mask=np.ascontiguousarray(mask))
+    np.testing.assert_array_equal(fixed, fa.attention(q, k, v, mask=np.zeros((5, 6), np.float32)))
+
+
+def test_batch_of_zero_with_per_batch_alibi_slopes(backend):
+    """Issue 32 item 10: B = 0 with alibi_slopes of shape (B, H) = (0, H)
+    raised a spurious ValueError; empty outputs now, as with (H,) slopes."""
+    case = Case(0, 5, 6, 4, 2, 8)
+    q, k, v, do = inputs(case, seed=53)
+    for slopes in (np.ones((0, 4), np.float32), np.ones(4, np.float32)):
+        o, lse = fa.attention(q, k, v, alibi_slopes=slopes, return_lse=True, backend=backend)
+        assert o.shape == (0, 5, 4, 8) and lse.shape == (0, 4, 5)
+        dq, dk, dv = fa.attention_backward(do, q, k, v, o, lse, alibi_slopes=slopes,
+                                           backend=backend)
+        assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+        o64, lse64 = fa.reference.attention(q, k, v, alibi_slopes=slopes, return_lse=True)
+        assert o64.shape == o.shape and lse64.shape == lse.shape
+        g64 = fa.reference.attention_backward(do, q, k, v, alibi_slopes=slopes)
+        assert [g.shape for g in g64] == [q.shape, k.shape, v.shape]

@@ -48,8 +48,8 @@ def gather(x_local: np.ndarray, comm: Any = None, layout: str = "contiguous",
     """The full array on every rank, from each rank's part along ``axis``
     (contiguous parts may be of any lengths; zigzag ones as ``shard`` makes
     them). Collective: every rank calls it."""
-    MPI, comm = communicator("gather", comm)
-    return _comm.gather("gather", MPI, comm, x_local, layout, axis)
+    MPI, comm, failure = _comm.collective_communicator("gather", comm)
+    return _comm.gather("gather", MPI, comm, x_local, layout, axis, failure)
 
 
 def _local_checks(fn, arrays, causal, window, scale, layout, backend):
@@ -89,34 +89,24 @@ def _local_checks(fn, arrays, causal, window, scale, layout, backend):
     return causal, window, scale, meta, (q.shape[1], k.shape[1])
 
 
-def _agree(fn, comm, arrays, causal, window, scale, layout, backend):
+def _agree(fn, comm, arrays, causal, window, scale, layout, backend, failure=None):
     """Checks on every rank at once (one allgather), so that a bad argument
-    on any rank raises the same error on all of them instead of leaving the
-    others waiting: returns the options and every rank's q and kv lengths."""
-    try:
-        causal, window, scale, meta, lengths = _local_checks(fn, arrays, causal, window, scale,
-                                                            layout, backend)
-        mine = (None, meta, lengths)
-    except (TypeError, ValueError, RuntimeError) as e:
-        # Built-in classes only: they pickle and take one message everywhere.
-        kind = next(c for c in (TypeError, ValueError, RuntimeError) if isinstance(e, c))
-        mine = ((kind, str(e)), None, None)
-    everyone = comm.allgather(mine)
-    size = len(everyone)
-    for r, (error, _, _) in enumerate(everyone):
-        if error is not None:
-            kind, message = error
-            where = f"rank {r} of {size}"
-            raise kind(f"{message} (on {where})" if message.startswith(fn) else
-                       f"{fn} ({where}): {message}")
-    for r, (_, meta, _) in enumerate(everyone):
+    on any rank (or its ``failure``, found before: a bad comm, a tensor that
+    did not convert) raises the same error on all of them instead of leaving
+    the others waiting: returns the options and every rank's q and kv
+    lengths."""
+    everyone = _comm.agree(fn, comm, lambda: _local_checks(fn, arrays, causal, window, scale,
+                                                           layout, backend), failure)
+    meta0 = everyone[0][3]
+    causal, window, scale = everyone[comm.Get_rank()][:3]
+    for r, (_, _, _, meta, _) in enumerate(everyone):
         for key, value in meta.items():
-            if value != everyone[0][1][key]:
+            if value != meta0[key]:
                 raise ValueError(f"{fn}: the ranks disagree on {key}: rank 0 has "
-                                 f"{everyone[0][1][key]!r}, rank {r} has {value!r}; only the "
+                                 f"{meta0[key]!r}, rank {r} has {value!r}; only the "
                                  "sequence length may differ between shards")
-    q_len = [int(lengths[0]) for _, _, lengths in everyone]
-    kv_len = [int(lengths[1]) for _, _, lengths in everyone]
+    q_len = [int(mine[4][0]) for mine in everyone]
+    kv_len = [int(mine[4][1]) for mine in everyone]
     plan.check_lengths(fn, "q", layout, q_len)
     plan.check_lengths(fn, "k", layout, kv_len)
     return causal, window, scale, q_len, kv_len
@@ -178,13 +168,15 @@ def ring_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, *, comm: Any = N
     return _forward(q, k, v, comm, causal, window, scale, layout, backend, _ring.Stats())
 
 
-def _forward(q, k, v, comm, causal, window, scale, layout, backend, stats):
-    """ring_attention, adding this rank's times to ``stats`` (_ring.Stats)."""
+def _forward(q, k, v, comm, causal, window, scale, layout, backend, stats, failure=None):
+    """ring_attention, adding this rank's times to ``stats`` (_ring.Stats);
+    ``failure``: an error the caller found in this rank's arguments (raised
+    on every rank by the agreement)."""
     fn = "ring_attention"
-    MPI, comm = communicator(fn, comm)
+    MPI, comm, bad_comm = _comm.collective_communicator(fn, comm)
     arrays = {"q": q, "k": k, "v": v}
     causal, window, scale, q_len, kv_len = _agree(fn, comm, arrays, causal, window, scale,
-                                                  layout, backend)
+                                                  layout, backend, failure or bad_comm)
     band = plan.global_band(sum(q_len), sum(kv_len), causal, window)
     return _run(fn, comm, lambda ring: _ring.forward(
         MPI, ring, q, k, v, q_len, kv_len, layout, band, scale, backend, stats))
@@ -203,13 +195,15 @@ def ring_attention_backward(do: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.
                      _ring.Stats())
 
 
-def _backward(do, q, k, v, o, lse, comm, causal, window, scale, layout, backend, stats):
-    """ring_attention_backward, adding this rank's times to ``stats``."""
+def _backward(do, q, k, v, o, lse, comm, causal, window, scale, layout, backend, stats,
+              failure=None):
+    """ring_attention_backward, adding this rank's times to ``stats``;
+    ``failure`` as in _forward."""
     fn = "ring_attention_backward"
-    MPI, comm = communicator(fn, comm)
+    MPI, comm, bad_comm = _comm.collective_communicator(fn, comm)
     arrays = {"do": do, "q": q, "k": k, "v": v, "o": o, "lse": lse}
     causal, window, scale, q_len, kv_len = _agree(fn, comm, arrays, causal, window, scale,
-                                                  layout, backend)
+                                                  layout, backend, failure or bad_comm)
     band = plan.global_band(sum(q_len), sum(kv_len), causal, window)
     return _run(fn, comm, lambda ring: _ring.backward(
         MPI, ring, do, q, k, v, o, lse, q_len, kv_len, layout, band, scale, backend, stats))

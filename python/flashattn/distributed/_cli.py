@@ -120,8 +120,8 @@ def _setup(argv, command):
     import flashattn as fa
 
     args = _parser(command).parse_args(argv)
-    MPI = _ring_comm.mpi()
-    comm = MPI.COMM_WORLD
+    # communicator() refuses a mismatched launch (issue 32 item 5)
+    MPI, comm = _ring_comm.communicator(f"python -m flashattn.distributed {command}", None)
     rank, size = comm.Get_rank(), comm.Get_size()
     threads = args.threads or max(1, (os.cpu_count() or 1) // size)
     fa.set_num_threads(threads)

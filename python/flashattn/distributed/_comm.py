@@ -7,6 +7,8 @@ along one axis in either layout."""
 from __future__ import annotations
 
 import numbers
+import os
+import sys
 
 import numpy as np
 
@@ -29,13 +31,121 @@ def mpi():
 
 def communicator(fn: str, comm):
     """(MPI, comm): comm=None is MPI.COMM_WORLD."""
-    MPI = mpi()
-    if comm is None:
-        return MPI, MPI.COMM_WORLD
-    if not isinstance(comm, MPI.Comm):
-        raise TypeError(f"{fn}: comm must be an mpi4py communicator (mpi4py.MPI.Comm) or None, "
-                        f"got {type(comm).__name__}")
+    MPI, comm, failure = collective_communicator(fn, comm)
+    if failure is not None:
+        raise failure
     return MPI, comm
+
+
+def collective_communicator(fn: str, comm):
+    """(MPI, comm, failure) for a collective call: a bad ``comm`` is not
+    raised here, where only this rank would see it and the others would wait
+    for it forever, but returned as ``failure`` with COMM_WORLD in its place,
+    so that the call's agreement (``agree``) raises it on every rank (every
+    rank of COMM_WORLD, the other ranks' communicator when they pass the
+    default)."""
+    MPI = mpi()
+    if comm is None or (isinstance(comm, MPI.Comm) and comm == MPI.COMM_WORLD):
+        check_launch(fn, MPI)
+    if comm is None:
+        return MPI, MPI.COMM_WORLD, None
+    if not isinstance(comm, MPI.Comm):
+        return MPI, MPI.COMM_WORLD, TypeError(
+            f"{fn}: comm must be an mpi4py communicator (mpi4py.MPI.Comm) or None, got "
+            f"{type(comm).__name__}")
+    if comm == MPI.COMM_NULL:
+        return MPI, MPI.COMM_WORLD, ValueError(f"{fn}: comm is MPI.COMM_NULL, which no rank "
+                                               "belongs to")
+    return MPI, comm, None
+
+
+# What each launcher tells its processes: (variable, launcher, is it a size
+# (else a rank: rank r means at least r + 1 ranks)).
+_LAUNCH_VARIABLES = (
+    ("PMI_SIZE", "MPICH's or Intel MPI's mpiexec (PMI)", True),
+    ("OMPI_COMM_WORLD_SIZE", "Open MPI's mpirun", True),
+    ("MPI_LOCALNRANKS", "MPICH's mpiexec (Hydra)", True),
+    ("MV2_COMM_WORLD_SIZE", "MVAPICH's mpirun", True),
+    ("PMI_RANK", "MPICH's or Intel MPI's mpiexec (PMI)", False),
+    ("OMPI_COMM_WORLD_RANK", "Open MPI's mpirun", False),
+    ("PMIX_RANK", "a PMIx launcher (Open MPI, srun --mpi=pmix)", False),
+)
+
+
+def launched_as(environ=None) -> tuple[int, str, str]:
+    """(P, variable, launcher): the most ranks the launchers' environment
+    variables say this process was started among (1, "", "" when none
+    does)."""
+    environ = os.environ if environ is None else environ
+    best = (1, "", "")
+    for name, launcher, is_size in _LAUNCH_VARIABLES:
+        try:
+            n = int(environ.get(name, ""))
+        except ValueError:
+            continue
+        n = n if is_size else n + 1
+        if n > best[0]:
+            best = (n, f"{name}={environ[name]}", launcher)
+    return best
+
+
+def check_launch(fn: str, MPI) -> None:
+    """Refuses to run the ring as one of P independent singletons: when the
+    launcher's environment says this process is one of P > 1 ranks but
+    MPI.COMM_WORLD has one rank (mpi4py's MPI library is not the one whose
+    mpiexec started the ranks: each would compute the whole problem alone),
+    RuntimeError naming both and the fix. A communicator passed explicitly
+    other than COMM_WORLD (MPI.COMM_SELF: alone on purpose) is not
+    checked."""
+    if MPI.COMM_WORLD.Get_size() != 1:
+        return
+    ranks, variable, launcher = launched_as()
+    if ranks <= 1:
+        return
+    try:
+        library = MPI.Get_library_version().strip().splitlines()[0]
+    except Exception:  # noqa: BLE001  only for the message
+        library = "unknown"
+    beside = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    raise RuntimeError(
+        f"{fn}: MPI launch mismatch: the environment says this process is one of at least "
+        f"{ranks} ranks ({variable}, set by {launcher}), but MPI.COMM_WORLD has 1 rank, so "
+        "every rank would compute the whole problem alone. mpi4py is using another MPI "
+        f"library ({library}) than the mpiexec that started this process. Start the ranks "
+        "with the mpiexec of mpi4py's MPI library"
+        + (f" ({beside}, the mpich wheel's)" if os.path.exists(beside) else "")
+        + ", or rebuild mpi4py against the system MPI (pip install --no-binary mpi4py "
+        "mpi4py); to run one process alone on purpose, pass comm=MPI.COMM_SELF.")
+
+
+_KINDS = (TypeError, ValueError, RuntimeError)
+
+
+def agree(fn: str, comm, local, failure: BaseException | None = None) -> list:
+    """Every rank's ``local()`` (this rank's own checks), in rank order, from
+    one allgather: if any rank's checks failed (or it brings a ``failure``
+    found before), every rank raises that rank's error, naming it, instead
+    of the others waiting for it forever. Errors travel as a built-in class
+    (TypeError, ValueError, else RuntimeError) and a message, which pickle."""
+    mine = (None, None)
+    if failure is None:
+        try:
+            mine = (None, local())
+        except Exception as e:  # noqa: BLE001  every rank must hear of it
+            failure = e
+    if failure is not None:
+        kind = next((c for c in _KINDS if isinstance(failure, c)), None)
+        message = str(failure) if kind else f"{type(failure).__name__}: {failure}"
+        mine = ((kind or RuntimeError, message), None)
+    everyone = comm.allgather(mine)
+    size = len(everyone)
+    for r, (error, _) in enumerate(everyone):
+        if error is not None:
+            kind, message = error
+            where = f"rank {r} of {size}"
+            raise kind(f"{message} (on {where})" if message.startswith(fn) else
+                       f"{fn} ({where}): {message}")
+    return [result for _, result in everyone]
 
 
 def raw(x: np.ndarray) -> np.ndarray:
@@ -68,12 +178,17 @@ def shard(fn: str, comm, x, layout: str, axis) -> np.ndarray:
     return np.array(part, order="C", copy=True)  # the full array need not stay alive
 
 
-def gather(fn: str, MPI, comm, x, layout: str, axis) -> np.ndarray:
-    """The full array on every rank from each rank's part (Allgatherv)."""
-    layout = plan.check_layout(fn, layout)
-    x = _args.array(fn, "x_local", x)
-    axis = _axis(fn, axis, x.ndim)
-    metas = comm.allgather((x.shape, x.dtype.str))
+def gather(fn: str, MPI, comm, x, layout: str, axis, failure=None) -> np.ndarray:
+    """The full array on every rank from each rank's part (Allgatherv); this
+    rank's argument checks (and ``failure``, a bad comm) are agreed on first."""
+    def local():
+        nonlocal x, axis
+        plan.check_layout(fn, layout)
+        x = _args.array(fn, "x_local", x)
+        axis = _axis(fn, axis, x.ndim)
+        return x.shape, x.dtype.str
+
+    metas = agree(fn, comm, local, failure)
     shape0, dtype0 = metas[0]
     for r, (shape, dtype) in enumerate(metas):
         others = shape[:axis] + shape[axis + 1:]

@@ -8,6 +8,7 @@ JSON record per case to the file named on the command line.
     mpiexec -n 3 python ring_worker.py OUT.json          # the cases
     mpiexec -n 3 python ring_worker.py --fail-rank 1     # rank 1 raises mid-ring
     mpiexec -n 2 python ring_worker.py --bad-args        # each rank reports the error
+    mpiexec -n 2 python ring_worker.py --bad-args-collective  # comm, gather, torch (issue 32)
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import dataclasses
 import json
 import sys
 
+import ml_dtypes
 import numpy as np
 
 import flashattn as fa
@@ -196,6 +198,53 @@ def bad_args(comm) -> None:
         print("\n".join(line for mine in everyone for line in mine), flush=True)
 
 
+def bad_args_collective(comm) -> None:
+    """Issue 32 item 4: arguments that used to fail on rank 1 alone, before
+    the agreement, leaving rank 0 waiting forever: a bad comm (NumPy API,
+    forward, backward and gather), a bad gather axis or layout, and, in
+    flashattn.torch.ring_attention, a NumPy array or another dtype than the
+    other ranks'. Each rank's line per call; rank 0 prints them all. Then
+    bfloat16 tensors on every rank run and equal the NumPy ring's."""
+    import torch
+
+    import flashattn.torch as fat
+
+    rank = comm.Get_rank()
+    bad = rank == 1
+    q, k, v, do = helpers.inputs(helpers.Case(1, 16, 16, 2, 2, 8), seed=3)
+    ql, kl, vl, dol = (fd.shard(x) for x in (q, k, v, do))
+    o, lse = fd.ring_attention(ql, kl, vl)
+    tq, tk, tv = (torch.from_numpy(x.copy()) for x in (ql, kl, vl))
+    calls = [
+        ("numpy comm", lambda: fd.ring_attention(ql, kl, vl, comm="world" if bad else None)),
+        ("numpy backward comm", lambda: fd.ring_attention_backward(
+            dol, ql, kl, vl, o, lse, comm=42 if bad else None)),
+        ("gather comm", lambda: fd.gather(ql, comm=[] if bad else None)),
+        ("gather axis", lambda: fd.gather(ql, axis=9 if bad else 1)),
+        ("gather layout", lambda: fd.gather(ql, layout="spiral" if bad else "contiguous")),
+        ("torch numpy", lambda: fat.ring_attention(ql if bad else tq, tk, tv)),
+        ("torch bfloat16", lambda: fat.ring_attention(
+            tq.bfloat16() if bad else tq, tk.bfloat16() if bad else tk,
+            tv.bfloat16() if bad else tv)),
+        ("torch comm", lambda: fat.ring_attention(tq, tk, tv, comm="world" if bad else None)),
+    ]
+    lines = []
+    for what, call in calls:
+        try:
+            call()
+            lines.append(f"rank {rank} {what}: no error")
+        except (TypeError, ValueError) as e:
+            lines.append(f"rank {rank} {what}: {type(e).__name__}: {e}")
+    ob = fat.ring_attention(tq.bfloat16(), tk.bfloat16(), tv.bfloat16())
+    bf = ml_dtypes.bfloat16
+    on, _ = fd.ring_attention(ql.astype(bf), kl.astype(bf), vl.astype(bf))
+    same = np.array_equal(ob.view(torch.int16).numpy(), on.view(np.int16))
+    lines.append(f"rank {rank} torch bfloat16 everywhere: {ob.dtype} same as numpy: {same}")
+    everyone = comm.gather(lines)
+    if rank == 0:
+        print("\n".join(line for mine in everyone for line in mine), flush=True)
+
+
 def torch_ring(comm) -> None:
     """flashattn.torch.ring_attention: o and the autograd gradients equal
     flashattn.distributed's, bit for bit; gathered o matches one process."""
@@ -234,6 +283,9 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == ["--torch"]:
         torch_ring(comm)
+        return 0
+    if argv[:1] == ["--bad-args-collective"]:
+        bad_args_collective(comm)
         return 0
     if argv[:1] == ["--bad-args"]:
         bad_args(comm)

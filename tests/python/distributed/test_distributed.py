@@ -133,6 +133,41 @@ def test_a_bad_argument_on_one_rank_raises_on_every_rank():
 
 
 @needs_mpi
+def test_an_argument_bad_before_the_agreement_raises_on_every_rank():
+    """Issue 32 item 4: a bad comm, gather axis or layout, or a torch call
+    given a NumPy array or another dtype on rank 1 alone raised there and left
+    rank 0 waiting forever (the launch timed out). Now each raises the same
+    error on both ranks, naming rank 1; bfloat16 tensors run."""
+    pytest.importorskip("torch", reason="torch is in the torch extra (CI installs it)")
+    r = _launch(2, "--bad-args-collective", timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    expect = {
+        "numpy comm": "TypeError: ring_attention: comm must be an mpi4py communicator "
+                      "(mpi4py.MPI.Comm) or None, got str (on rank 1 of 2)",
+        "numpy backward comm": "TypeError: ring_attention_backward: comm must be an mpi4py "
+                               "communicator (mpi4py.MPI.Comm) or None, got int (on rank 1 of 2)",
+        "gather comm": "TypeError: gather: comm must be an mpi4py communicator",
+        "gather axis": "ValueError: gather: axis 9 is out of range for an array of 4 "
+                       "dimensions (on rank 1 of 2)",
+        "gather layout": "ValueError: gather: layout",
+        "torch numpy": "TypeError: ring_attention (rank 1 of 2): flashattn.torch.ring_attention: "
+                       "q must be a torch.Tensor, got ndarray",
+        "torch bfloat16": "ValueError: ring_attention: the ranks disagree on dtypes",
+        "torch comm": "TypeError: ring_attention: comm must be an mpi4py communicator",
+    }
+    for what, want in expect.items():
+        mine = [line.split(": ", 1)[1] for line in lines
+                if line.startswith(("rank 0 ", "rank 1 ")) and line.split(": ", 1)[0][7:] == what]
+        assert len(mine) == 2, (what, r.stdout)
+        assert mine[0] == mine[1], f"{what}: the ranks raised different errors: {mine}"
+        assert mine[0].startswith(want), (what, mine[0])
+    for rank in (0, 1):
+        assert (f"rank {rank} torch bfloat16 everywhere: torch.bfloat16 same as numpy: True"
+                in lines), r.stdout
+
+
+@needs_mpi
 def test_the_readme_demo_runs():
     """The README's command, smaller: each rank's line, and the error against
     one process under the demo's limit."""
@@ -158,6 +193,68 @@ def test_torch_ring_attention_is_differentiable():
     for line in lines:
         assert "same as flashattn.distributed: True" in line, line
         assert float(line.rsplit(" ", 1)[1]) < 1e-5, line
+
+
+_MISMATCH = (
+    "import numpy as np\n"
+    "from mpi4py import MPI\n"
+    "from flashattn import distributed as fd\n"
+    "x = np.zeros((1, 4, 1, 8), np.float32)\n"
+    "for what, call in [('ring', lambda: fd.ring_attention(x, x, x)),\n"
+    "                   ('world', lambda: fd.ring_attention(x, x, x, comm=MPI.COMM_WORLD)),\n"
+    "                   ('shard', lambda: fd.shard(x)), ('gather', lambda: fd.gather(x))]:\n"
+    "    try:\n"
+    "        call()\n"
+    "        print(what, 'ran')\n"
+    "    except RuntimeError as e:\n"
+    "        print(what, 'RuntimeError:', e)\n"
+    "o, lse = fd.ring_attention(x, x, x, comm=MPI.COMM_SELF)\n"
+    "print('self ran', o.shape)\n"
+)
+
+
+@pytest.mark.skipif(MPI_MISSING is not None, reason=str(MPI_MISSING))
+@pytest.mark.parametrize("variable", ["OMPI_COMM_WORLD_SIZE=4", "OMPI_COMM_WORLD_RANK=2",
+                                      "MV2_COMM_WORLD_SIZE=3", "MPI_LOCALNRANKS=2"])
+def test_a_launch_the_mpi_library_does_not_see_is_refused(variable):
+    """Issue 32 item 5: started by another MPI's launcher (its variables say
+    one of P > 1 ranks) while mpi4py's library sees a COMM_WORLD of one rank,
+    each process ran the whole problem alone. Here: no launcher at all, one
+    process with the launcher's variable set (a singleton's COMM_WORLD, as
+    in the mismatch). Every collective entry point refuses, naming the
+    variable and the fix; comm=MPI.COMM_SELF (alone on purpose) runs."""
+    name, value = variable.split("=")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("PMI_", "PMIX_", "OMPI_", "MPI_LOCALNRANKS", "MV2_", "HYDRA"))}
+    env[name] = value
+    r = subprocess.run([sys.executable, "-c", _MISMATCH], capture_output=True, text=True,
+                       timeout=120, env=env, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout + r.stderr
+    lines = r.stdout.splitlines()
+    ranks = int(value) + (1 if name.endswith("_RANK") else 0)  # rank r: r + 1 ranks at least
+    for what, fn in (("ring", "ring_attention"), ("world", "ring_attention"),
+                     ("shard", "shard"), ("gather", "gather")):
+        line = next(line for line in lines if line.startswith(what + " "))
+        assert line.startswith(f"{what} RuntimeError: {fn}: MPI launch mismatch: the "
+                               f"environment says this process is one of at least {ranks} "
+                               f"ranks ({variable}"), line
+        assert "MPI.COMM_WORLD has 1 rank" in line and "mpiexec" in line, line
+        assert "comm=MPI.COMM_SELF" in line, line
+    assert "self ran (1, 4, 1, 8)" in lines, r.stdout
+
+
+def test_the_launchers_variables_give_the_rank_count():
+    """What check_launch reads (the PMI and PMIx variables cannot be set in a
+    singleton here: MPICH then looks for that launcher): sizes as they are,
+    a rank r as at least r + 1 ranks, the largest claim wins, junk ignored."""
+    from flashattn.distributed._comm import launched_as
+
+    assert launched_as({}) == (1, "", "")
+    assert launched_as({"PMI_SIZE": "1", "PMI_RANK": "0"})[0] == 1
+    assert launched_as({"PMI_SIZE": "4", "PMI_RANK": "0"})[:2] == (4, "PMI_SIZE=4")
+    assert launched_as({"PMIX_RANK": "3"})[:2] == (4, "PMIX_RANK=3")
+    assert launched_as({"OMPI_COMM_WORLD_SIZE": "2", "PMIX_RANK": "5"})[0] == 6
+    assert launched_as({"PMI_SIZE": "x", "MPI_LOCALNRANKS": ""})[0] == 1
 
 
 def test_imports_without_mpi4py_and_says_how_to_install():
