@@ -1,22 +1,98 @@
 #!/usr/bin/env bash
-# Runs every test of flashattn against the installed package: the C++ tests
-# (ctest, normal build and sanitizer builds) and the Python tests (pytest).
-# Usage: bash tests/run.sh   (after `pip install ".[test]"`)
+# Runs flashattn's tests against the installed package, announcing each step
+# with the time elapsed. Usage, after `pip install ".[test]"`:
+#
+#   bash tests/run.sh         the fast run (minutes on 2 cores): the C++ tests
+#                             (one build, ctest) and the Python tests (pytest)
+#                             without the `slow` ones, metal-sim on the smaller
+#                             cases only
+#   bash tests/run.sh --all   what CI (.ci/run) runs (about an hour on 2 cores):
+#                             the C++ tests, then again under AddressSanitizer +
+#                             UBSan and ThreadSanitizer (tests/sanitize.sh), every
+#                             Python test, the installed package under emulated
+#                             x86-64 CPUs without AVX-512 / AVX (tests/qemu_x86.sh)
+#                             and the C++ engine tests for arm64 under qemu
+#                             (tests/aarch64.sh; these two need x86-64 Linux, and
+#                             apt-get what they lack)
+#
+# env: FLASHATTN_CTEST_BUILD  the C++ test build (default: <repo>/build/ctest)
+#      FLASHATTN_JOBS         parallel compile and test jobs (default: 2)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FLASHATTN_CTEST_BUILD:-$root/build/ctest}
 jobs=${FLASHATTN_JOBS:-2}
 
-echo "== C++ tests (ctest)"
-cmake -S "$root" -B "$build" -G Ninja -DFLASHATTN_BUILD_TESTS=ON >/dev/null
-cmake --build "$build" -j "$jobs"
-ctest --test-dir "$build" --output-on-failure -j "$jobs"
+all=0
+case "${1:-}" in
+    "") ;;
+    --all) all=1 ;;
+    -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "usage: bash tests/run.sh [--all]" >&2; exit 2 ;;
+esac
 
-if [ -f "$root/tests/sanitize.sh" ]; then
-  echo "== C++ tests under sanitizers"
-  bash "$root/tests/sanitize.sh"
+start=$SECONDS
+steps=(cpp python)
+if [ $all = 1 ]; then
+    steps=(cpp sanitize python)
+    # The qemu runs emulate other CPUs of x86-64 Linux (qemu-user); elsewhere
+    # (a Mac) they cannot run, and are left out with a word.
+    if [ "$(uname -s)-$(uname -m)" = Linux-x86_64 ]; then
+        steps+=(qemu_x86 aarch64)
+    else
+        echo "tests/run.sh --all: the qemu runs need x86-64 Linux; not run on $(uname -s) $(uname -m)"
+    fi
 fi
+step_no=0
+summary=()
+begin() {  # begin TITLE: one line saying which step of how many, and the time so far
+    step_no=$((step_no + 1))
+    step_start=$SECONDS
+    printf '\n== [%d/%d] %s  (%s elapsed)\n' "$step_no" "${#steps[@]}" "$1" "$(clock $((SECONDS - start)))"
+    summary+=("$(printf '%-44s' "$1")")
+}
+end() {
+    summary[-1]+=" $(clock $((SECONDS - step_start)))"
+}
+clock() { printf '%d:%02d' $(($1 / 60)) $(($1 % 60)); }
 
-echo "== Python tests (pytest)"
-cd "$root"
-python -m pytest -q
+for step in "${steps[@]}"; do
+    case $step in
+    cpp)
+        begin "C++ tests: build, then ctest"
+        cmake -S "$root" -B "$build" -G Ninja -DFLASHATTN_BUILD_TESTS=ON >/dev/null
+        cmake --build "$build" -j "$jobs"
+        junit="$build/ctest-junit.xml"
+        ctest --test-dir "$build" --output-on-failure -j "$jobs" --output-junit "$junit"
+        # ctest lists a skipped test without its output: say why it skipped.
+        python "$root/tests/ctest_skips.py" "$junit"
+        end ;;
+    sanitize)
+        begin "C++ tests under the sanitizers (tests/sanitize.sh)"
+        bash "$root/tests/sanitize.sh"
+        end ;;
+    python)
+        if [ $all = 1 ]; then
+            begin "Python tests (pytest), all of them"
+            (cd "$root" && python -m pytest -q)
+        else
+            begin "Python tests (pytest), the fast selection"
+            # FLASHATTN_TEST_SIM_BUDGET: metal-sim gets only the cases within it
+            # (tests/python/helpers.py); pytest reports how many it deselected.
+            (cd "$root" && FLASHATTN_TEST_SIM_BUDGET=${FLASHATTN_TEST_SIM_BUDGET:-2000000} \
+                python -m pytest -q -m "not slow")
+        fi
+        end ;;
+    qemu_x86)
+        begin "the package on emulated x86-64 CPUs (tests/qemu_x86.sh)"
+        bash "$root/tests/qemu_x86.sh"
+        end ;;
+    aarch64)
+        begin "the C++ engine tests for arm64 under qemu (tests/aarch64.sh)"
+        bash "$root/tests/aarch64.sh"
+        end ;;
+    esac
+done
+
+printf '\n== all passed in %s\n' "$(clock $((SECONDS - start)))"
+printf '   %s\n' "${summary[@]}"
+[ $all = 1 ] || echo "   (bash tests/run.sh --all adds the sanitizer builds, the slow tests and the qemu runs)"

@@ -43,7 +43,10 @@ run_one() {
     cmake --build "$dir" -j "$jobs"
     # The runtime options are also set per test in tests/cpp/CMakeLists.txt;
     # exporting them here covers anything run outside that function.
-    ctest --test-dir "$dir" --output-on-failure --no-tests=error -L sanitize
+    ctest --test-dir "$dir" --output-on-failure --no-tests=error -L sanitize \
+        --output-junit "$dir/ctest-junit.xml"
+    # ctest lists a skipped test without its output: say why it skipped.
+    python3 "$repo/tests/ctest_skips.py" "$dir/ctest-junit.xml"
 }
 
 # LeakSanitizer: Linux only (tests/cpp/CMakeLists.txt makes the same choice).

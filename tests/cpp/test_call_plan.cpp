@@ -123,7 +123,7 @@ void run(const Call& c) {
                  make_score_inputs("attention", p, so)};
     io.dtype = c.dtype;
     Staged host;
-    run_staged_forward(*pool, p, io, [&](const Plan& plan, const CallBuffers<HostPool>&) {
+    run_staged_forward(*pool, p, io, GpuInfo{}, [&](const Plan& plan, const CallBuffers<HostPool>&) {
         host.plan = plan;
         host.schedule = schedule_plan(plan, work_model_from_env());
     });

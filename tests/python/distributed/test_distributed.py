@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -178,6 +179,23 @@ def test_the_readme_demo_runs():
     for rank in range(3):
         assert f"rank   {rank}  rows" in r.stdout and "peak RSS" in r.stdout
     assert "verdict: PASS" in r.stdout, r.stdout
+
+
+@needs_mpi
+def test_the_readme_snippet_runs_as_written(tmp_path):
+    """The README's ring attention block, saved as ring.py and run with
+    `mpiexec -n 2 python ring.py` as it says: each rank prints the error of
+    the gathered o against one process, within float32 rounding."""
+    from readme import block_with
+
+    script = tmp_path / "ring.py"
+    script.write_text(block_with("fd.ring_attention("))
+    r = _mpirun(2, [str(script)], timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # One line per rank (the two ranks' lines may interleave on the way out).
+    assert r.stdout.count("max |o - fa.attention|: ") == 2, r.stdout
+    errors = [float(x) for x in re.findall(r"(\d\.\d+e[+-]\d+|\d\.\d+|\b0\b)", r.stdout)]
+    assert len(errors) == 2 and max(errors) < 1e-5, r.stdout
 
 
 @needs_mpi
