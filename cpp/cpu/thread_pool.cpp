@@ -185,7 +185,11 @@ public:
             queued_.fetch_add(1, std::memory_order_release);
             wake_.notify_all();
         }
-        job->work(true);
+        // The thread whose claim first finds the job exhausted takes it off
+        // the queue: until then idle workers keep finding it at the front
+        // and spin on it, and a poll below that resizes the pool (a signal
+        // handler calling set_num_threads) would wait forever to join them.
+        if (job->work(true)) retire(job);
         // The workers' last tasks are usually short: watch for them a moment
         // before sleeping on the condition variable (a wake-up costs more).
         const auto until = std::chrono::steady_clock::now() + kSpin;
