@@ -193,12 +193,16 @@ FLASHATTN_AMX_FN void amx_scores_tiles(const BFloat16* A, int64_t lda, int M, in
 // C (M x N float32, row stride ldc; M a multiple of 16, N of 32) += A B: A
 // as bfloat16 rows (M x Kp, Kp a multiple of 32, zero past the summed
 // range), B as pairs of its rows (Kp / 2 x N pairs, laid out by row_pairs).
-// P V, P^T dO, dS^T q and dS K are all this product.
+// P V, P^T dO, dS^T q and dS K are all this product. With A_lo (laid out
+// as A), C += (A + A_lo) B: the backward's P and dS split into a bfloat16
+// and what it left (to_bf16_rest), both summed while C is in the tiles.
 // Blocks of 32 x 32 of C stay in tiles 0-3 while the sum runs, against two
 // tiles of A (4, 5) and two of B (6, 7): one tile load per product, where
-// loading C, A and B for each would cost three.
+// loading C, A and B for each would cost three; with A_lo, B's tiles serve
+// both halves, and C is loaded and stored once for the two (the tile loads
+// and stores, from L2, were most of the backward's time on AMX: issue 36).
 FLASHATTN_AMX_FN void amx_accumulate(const BFloat16* A, int Kp, const BFloat16* Bv, int M, int N,
-                                     float* C, int64_t ldc) {
+                                     float* C, int64_t ldc, const BFloat16* A_lo = nullptr) {
     amx_ensure_configured();
     const int64_t lda = Kp * int64_t(sizeof(BFloat16)), ldb = 2 * N * int64_t(sizeof(BFloat16));
     const int64_t ldcb = ldc * int64_t(sizeof(float));
@@ -221,6 +225,14 @@ FLASHATTN_AMX_FN void amx_accumulate(const BFloat16* A, int Kp, const BFloat16* 
                 _tile_dpbf16ps(1, 4, 7);
                 _tile_dpbf16ps(2, 5, 6);
                 _tile_dpbf16ps(3, 5, 7);
+                if (A_lo) {
+                    _tile_loadd(4, A_lo + mt * Kp + c * 32, lda);
+                    _tile_loadd(5, A_lo + (mt + 16) * Kp + c * 32, lda);
+                    _tile_dpbf16ps(0, 4, 6);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
             }
             _tile_stored(0, c0, ldcb);
             _tile_stored(1, c0 + 16, ldcb);
@@ -238,6 +250,11 @@ FLASHATTN_AMX_FN void amx_accumulate(const BFloat16* A, int Kp, const BFloat16* 
                 _tile_loadd(7, b + 32, ldb);
                 _tile_dpbf16ps(0, 4, 6);
                 _tile_dpbf16ps(1, 4, 7);
+                if (A_lo) {
+                    _tile_loadd(5, A_lo + mt * Kp + c * 32, lda);
+                    _tile_dpbf16ps(0, 5, 6);
+                    _tile_dpbf16ps(1, 5, 7);
+                }
             }
             _tile_stored(0, c0, ldcb);
             _tile_stored(1, c0 + 16, ldcb);

@@ -317,10 +317,11 @@ struct GradientEpilogue {
 };
 
 // delta = rowsum(dO * O) for every query row and head, (B, H, Tq), summed
-// exactly as the gemm sums dP = dO . v (one fma chain over d = 0..D-1 per
-// entry, simd::fma as there): in a saturated row, O is bit for bit the v of
-// its one key, and dP - delta must then be exactly 0, or dS = P (dP - delta)
-// leaves an error of ulps of dO . v that scale * k multiplies into dq and dk.
+// exactly as the gemm sums dP = dO . v (fma chains over chunks of kChunkK
+// terms of d, simd::fma as there; on AMX, as the tiles sum it): in a saturated
+// row, O is bit for bit the v of its one key, and dP - delta must then be
+// exactly 0, or dS = P (dP - delta) leaves an error of ulps of dO . v that
+// scale * k multiplies into dq and dk.
 // W rows at a time, one per lane; task t of row_delta_tasks(p) does
 // kDeltaRows rows of one head.
 constexpr int64_t kDeltaRows = 256;
@@ -336,17 +337,46 @@ void row_deltas(const FlashParams& p, const BackwardIO& io, float* delta, int64_
     const int64_t i1 = std::min<int64_t>(i0 + rows_per_task, p.Tq);
     const T* do0 = static_cast<const T*>(io.dout) + b * p.dout.b + h * p.dout.h;
     const T* o0 = static_cast<const T*>(io.o) + b * p.o.b + h * p.o.h;
+#if defined(FLASHATTN_CPU_AMX)
+    // Where dP = dO V^T comes from AMX (bfloat16), delta is its product of
+    // the same rows with O's: the diagonal of dO O^T, 16 rows at a time,
+    // each entry the same tile products in the same order as dP's.
+    if constexpr (kAmxScores<T>) {
+        if (amx_scores<T>(p)) {
+            const AmxScope tiles(true);
+            alignas(64) PairBits Ov[kMaxD / 2 * 16];
+            alignas(64) float C[16 * 16];
+            for (int64_t r0 = i0; r0 < i1; r0 += 16) {
+                const int n = int(std::min<int64_t>(16, i1 - r0));
+                for (int j = 0; j < 16; ++j)
+                    for (int i = 0; i < p.D / 2; ++i)
+                        Ov[i * 16 + j] = j < n ? pair_at(o0 + (r0 + j) * p.o.t, i) : 0;
+                amx_scores_tiles(do0 + r0 * p.dout.t, p.dout.t, n, p.D, Ov, 16, 16, C, 16);
+                for (int r = 0; r < n; ++r) delta[bh * p.Tq + r0 + r] = C[r * 16 + r];
+            }
+            return;
+        }
+    }
+#endif
     for (int64_t r0 = i0; r0 < i1; r0 += W) {
         const int n = int(std::min<int64_t>(W, i1 - r0));
         alignas(64) float a[W] = {}, c[W] = {}, out[W];
-        vf acc{};
-        for (int d = 0; d < p.D; ++d) {
-            for (int r = 0; r < n; ++r) {
-                a[r] = to_float(do0[(r0 + r) * p.dout.t + d]);
-                c[r] = to_float(o0[(r0 + r) * p.o.t + d]);
+        // In chunks of kChunkK terms as micro_kernel sums dP (cpu/gemm.h):
+        // the first from zero into the sum, each later one from zero, then
+        // added to it.
+        auto chunk = [&](int d0, int d1, vf acc) {
+            for (int d = d0; d < d1; ++d) {
+                for (int r = 0; r < n; ++r) {
+                    a[r] = to_float(do0[(r0 + r) * p.dout.t + d]);
+                    c[r] = to_float(o0[(r0 + r) * p.o.t + d]);
+                }
+                acc = simd::fma(simd::load(a), simd::load(c), acc);
             }
-            acc = simd::fma(simd::load(a), simd::load(c), acc);
-        }
+            return acc;
+        };
+        vf acc = chunk(0, std::min(p.D, kChunkK), vf{});
+        for (int d0 = kChunkK; d0 < p.D; d0 += kChunkK)
+            acc += chunk(d0, std::min(p.D, d0 + kChunkK), vf{});
         simd::store(out, acc);
         for (int r = 0; r < n; ++r) delta[bh * p.Tq + r0 + r] = out[r];
     }
@@ -373,7 +403,8 @@ struct Context {
 // The key block's operands, from keys [j0, j0 + nk): K^T and V^T (D x BK,
 // zero columns past nk) for S and dP, and scale * K (nk x Dp, zero-padded)
 // for dQ. Rows of T are converted to float32 as they are read. Where the
-// scores come from AMX (cpu/amx.h), Kt holds K's pairs instead (D / 2 x BK).
+// scores come from AMX (cpu/amx.h), Kt and Vt hold K's and V's pairs
+// instead (D / 2 x BK): S and dP are both products on the tiles.
 template <class T>
 void lay_out_key_block(const FlashParams& p, const T* k0, const T* v0, int64_t j0, int nk,
                        float* Kt, float* Vt, float* Kp, int Dp) {
@@ -382,28 +413,30 @@ void lay_out_key_block(const FlashParams& p, const T* k0, const T* v0, int64_t j
     if constexpr (kAmxScores<T>) {
         if (amx) {
             PairBits* Kv = reinterpret_cast<PairBits*>(Kt);
+            PairBits* Vv = reinterpret_cast<PairBits*>(Vt);
             for (int j = 0; j < kBlockK; ++j) {
-                const T* row = k0 + (j0 + j) * p.k.t;
-                for (int i = 0; i < D / 2; ++i) Kv[i * kBlockK + j] = j < nk ? pair_at(row, i) : 0;
+                const T* krow = k0 + (j0 + j) * p.k.t;
+                const T* vrow = v0 + (j0 + j) * p.v.t;
+                for (int i = 0; i < D / 2; ++i) {
+                    Kv[i * kBlockK + j] = j < nk ? pair_at(krow, i) : 0;
+                    Vv[i * kBlockK + j] = j < nk ? pair_at(vrow, i) : 0;
+                }
             }
         }
     }
     float kr[kMaxD], vr[kMaxD];
     for (int j = 0; j < nk; ++j) {
         load_row(kr, k0 + (j0 + j) * p.k.t, D);
-        load_row(vr, v0 + (j0 + j) * p.v.t, D);
+        if (!amx) load_row(vr, v0 + (j0 + j) * p.v.t, D);
         for (int d = 0; d < D; ++d) {
-            if (!amx) Kt[d * kBlockK + j] = kr[d];
-            Vt[d * kBlockK + j] = vr[d];
+            if (!amx) Kt[d * kBlockK + j] = kr[d], Vt[d * kBlockK + j] = vr[d];
             Kp[j * Dp + d] = kr[d] * p.scale;
         }
         for (int d = D; d < Dp; ++d) Kp[j * Dp + d] = 0.0f;
     }
-    for (int d = 0; d < D; ++d)
-        for (int j = nk; j < kBlockK; ++j) {
-            if (!amx) Kt[d * kBlockK + j] = 0.0f;
-            Vt[d * kBlockK + j] = 0.0f;
-        }
+    if (!amx)
+        for (int d = 0; d < D; ++d)
+            for (int j = nk; j < kBlockK; ++j) Kt[d * kBlockK + j] = Vt[d * kBlockK + j] = 0.0f;
 }
 
 // factor * rows [i0, i0 + nq) of one head's q or do, as float32,
@@ -432,27 +465,33 @@ struct KeyBlock {
 
 // P = exp(scale Q K^T - lse) into P and dS = P * (dO V^T - delta) into dS
 // (nq x Nk, row stride kBlockK), masked by the per-row key ranges or not.
-// S is scale Q times K^T from Qr (scaled rows); or, where q is not null, q's
-// bfloat16 rows (ldq apart) times K's pairs (kb.Kt) on AMX, then scaled.
+// S is scale Q times K^T from Qr (scaled rows) and dP = dO V^T from dOr; or,
+// where q is not null, q's and dO's bfloat16 rows (ldq, lddo apart) times
+// K's and V's pairs (kb.Kt, kb.Vt) on AMX, S then scaled (delta is then
+// summed on AMX too: row_deltas).
 template <bool Masked>
 void probabilities_and_gradients(const KeyBlock& kb, int nq, int Nk, int D, int Dp,
                                  const float* Qr, const BFloat16* q, int64_t ldq, float scale,
-                                 const float* dOr, const float* lse, const float* delta,
-                                 const int* klo, const int* khi, const TileMods& mods, float* P,
-                                 float* dS) {
+                                 const float* dOr, const BFloat16* dO, int64_t lddo,
+                                 const float* lse, const float* delta, const int* klo,
+                                 const int* khi, const TileMods& mods, float* P, float* dS) {
     const ProbabilityEpilogue<Masked> probabilities{lse, klo, khi, 0, mods};
+    const GradientEpilogue<Masked> gradients{P, kBlockK, delta, klo, khi, 0, mods.dcap, mods.bias};
 #if defined(FLASHATTN_CPU_AMX)
     if (q) {
         amx_scores_tiles(q, ldq, nq, D, reinterpret_cast<const PairBits*>(kb.Kt), kBlockK, Nk, P,
                          kBlockK);
         apply_epilogue(P, nq, Nk, kBlockK,
                        ScaledEpilogue<ProbabilityEpilogue<Masked>>{scale, probabilities});
-    } else
+        amx_scores_tiles(dO, lddo, nq, D, reinterpret_cast<const PairBits*>(kb.Vt), kBlockK, Nk,
+                         dS, kBlockK);
+        apply_epilogue(dS, nq, Nk, kBlockK, gradients);
+        return;
+    }
 #endif
-        gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false, probabilities);
-    (void)q, (void)ldq, (void)scale;
-    gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false,
-                GradientEpilogue<Masked>{P, kBlockK, delta, klo, khi, 0, mods.dcap, mods.bias});
+    (void)q, (void)ldq, (void)scale, (void)dO, (void)lddo;
+    gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false, probabilities);
+    gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false, gradients);
 }
 
 // One query tile against the key block: P and dS, then dV += P^T dO,
@@ -485,8 +524,13 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
     const BFloat16* q_amx = nullptr;
     if constexpr (kAmxScores<T>)
         if (amx_scores<T>(p)) q_amx = q0 + i0 * p.q.t;
-    if (!q_amx) gather_rows(q0, p.q.t, i0, nq, D, Dp, p.scale, Qr);  // as the forward scales it
-    gather_rows(do0, p.dout.t, i0, nq, D, Dp, 1.0f, dOr);
+    if (!q_amx) {
+        gather_rows(q0, p.q.t, i0, nq, D, Dp, p.scale, Qr);  // as the forward scales it
+        gather_rows(do0, p.dout.t, i0, nq, D, Dp, 1.0f, dOr);
+    }
+    const BFloat16* do_amx = nullptr;
+    if constexpr (kAmxScores<T>)
+        if (q_amx) do_amx = do0 + i0 * p.dout.t;
     float lse[kBlockQ];
     for (int r = 0; r < nq; ++r) {
         // A row with lse = -inf saw no key in the forward: no gradient.
@@ -507,11 +551,11 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
         for (int j = 0; j < nk; ++j) key_columns(p, kb.j0 + j, i0, nq, qlo[j], qhi[j]);
     }
     if (masked) {
-        probabilities_and_gradients<true>(kb, nq, Nk, D, Dp, Qr, q_amx, p.q.t, p.scale, dOr, lse,
-                                          delta, klo, khi, mods, P, dS);
+        probabilities_and_gradients<true>(kb, nq, Nk, D, Dp, Qr, q_amx, p.q.t, p.scale, dOr,
+                                          do_amx, p.dout.t, lse, delta, klo, khi, mods, P, dS);
     } else {
-        probabilities_and_gradients<false>(kb, nq, Nk, D, Dp, Qr, q_amx, p.q.t, p.scale, dOr, lse,
-                                           delta, klo, khi, mods, P, dS);
+        probabilities_and_gradients<false>(kb, nq, Nk, D, Dp, Qr, q_amx, p.q.t, p.scale, dOr,
+                                           do_amx, p.dout.t, lse, delta, klo, khi, mods, P, dS);
     }
 #if defined(FLASHATTN_CPU_AMX)
     // On AMX (bfloat16): dV += P^T dO, dK += dS^T (scale q) and
@@ -539,20 +583,20 @@ void query_tile(const Context& cx, const KeyBlock& kb, const ScoreMods& score, i
             };
             transposed_rows(P, kBlockK, nq, nk, keys, Qp, 1.0f, At, At_lo);
             const BFloat16* dO_pairs = pairs_of(cx.do_pairs, do0 + i0 * p.dout.t, p.dout.t);
-            amx_accumulate(At, Qp, dO_pairs, keys, Dp, kb.dV, Dp);
-            amx_accumulate(At_lo, Qp, dO_pairs, keys, Dp, kb.dV, Dp);
+            amx_accumulate(At, Qp, dO_pairs, keys, Dp, kb.dV, Dp, At_lo);
             transposed_rows(dS, kBlockK, nq, nk, keys, Qp, p.scale, At, At_lo);
             const BFloat16* q_pairs = pairs_of(cx.q_pairs, q_amx, p.q.t);
-            amx_accumulate(At, Qp, q_pairs, keys, Dp, kb.dK, Dp);
-            amx_accumulate(At_lo, Qp, q_pairs, keys, Dp, kb.dK, Dp);
+            amx_accumulate(At, Qp, q_pairs, keys, Dp, kb.dK, Dp, At_lo);
             rounded_rows(dS, kBlockK, nq, nk, rows, Kp, p.scale, Ar, Ar_lo);
-            amx_accumulate(Ar, Kp, kb.Kv, rows, Dp, dq, ldq);
-            amx_accumulate(Ar_lo, Kp, kb.Kv, rows, Dp, dq, ldq);
+            amx_accumulate(Ar, Kp, kb.Kv, rows, Dp, dq, ldq, Ar_lo);
             return;
         }
     }
 #endif
-    if (q_amx) gather_rows(q0, p.q.t, i0, nq, D, Dp, p.scale, Qr);
+    if (q_amx) {
+        gather_rows(q0, p.q.t, i0, nq, D, Dp, p.scale, Qr);
+        gather_rows(do0, p.dout.t, i0, nq, D, Dp, 1.0f, dOr);
+    }
     // Products over the query rows, C (keys x Dp) += A^T B: dV += P^T dO and
     // dK += dS^T Q; ranged where a masked zero of A faces an inf or NaN of B.
     auto over_queries = [&](const float* A, const float* B, float* C) {
