@@ -317,8 +317,8 @@ struct GradientEpilogue {
 };
 
 // delta = rowsum(dO * O) for every query row and head, (B, H, Tq), summed
-// exactly as the gemm sums dP = dO . v (fma chains over chunks of kChunkK
-// terms of d, simd::fma as there; on AMX, as the tiles sum it): in a saturated
+// exactly as the gemm sums dP = dO . v (one fma chain over d = 0..D-1 per
+// entry, simd::fma as there; on AMX, as the tiles sum it): in a saturated
 // row, O is bit for bit the v of its one key, and dP - delta must then be
 // exactly 0, or dS = P (dP - delta) leaves an error of ulps of dO . v that
 // scale * k multiplies into dq and dk.
@@ -361,22 +361,14 @@ void row_deltas(const FlashParams& p, const BackwardIO& io, float* delta, int64_
     for (int64_t r0 = i0; r0 < i1; r0 += W) {
         const int n = int(std::min<int64_t>(W, i1 - r0));
         alignas(64) float a[W] = {}, c[W] = {}, out[W];
-        // In chunks of kChunkK terms as micro_kernel sums dP (cpu/gemm.h):
-        // the first from zero into the sum, each later one from zero, then
-        // added to it.
-        auto chunk = [&](int d0, int d1, vf acc) {
-            for (int d = d0; d < d1; ++d) {
-                for (int r = 0; r < n; ++r) {
-                    a[r] = to_float(do0[(r0 + r) * p.dout.t + d]);
-                    c[r] = to_float(o0[(r0 + r) * p.o.t + d]);
-                }
-                acc = simd::fma(simd::load(a), simd::load(c), acc);
+        vf acc{};
+        for (int d = 0; d < p.D; ++d) {
+            for (int r = 0; r < n; ++r) {
+                a[r] = to_float(do0[(r0 + r) * p.dout.t + d]);
+                c[r] = to_float(o0[(r0 + r) * p.o.t + d]);
             }
-            return acc;
-        };
-        vf acc = chunk(0, std::min(p.D, kChunkK), vf{});
-        for (int d0 = kChunkK; d0 < p.D; d0 += kChunkK)
-            acc += chunk(d0, std::min(p.D, d0 + kChunkK), vf{});
+            acc = simd::fma(simd::load(a), simd::load(c), acc);
+        }
         simd::store(out, acc);
         for (int r = 0; r < n; ++r) delta[bh * p.Tq + r0 + r] = out[r];
     }
