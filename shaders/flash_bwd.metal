@@ -128,13 +128,12 @@ kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
 
         const FaTile tile = fa_classify(row_begin, row_end, j0, BK);
         if (tile == fa_tile_skip) continue;
-        if (fa_has_mask() &&
+        if ((fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) &&
             fa_mask_hides_tile<BK>(mods, mask, j0, row_begin, row_end,
                                    at.col, sp.mask_j))
             continue;  // the mask hides this block from the group's rows: no dq from it
-        // A NaN or inf in K must not reach the dq of rows that do not see its
-        // key (cut off by the band, or hidden by the mask).
-        const bool exact = (tile == fa_tile_masked || fa_has_mask()) && fa_any_nonfinite(Flags);
+        // A NaN or inf in K must not reach the dq of rows that do not see its key.
+        const bool exact = tile == fa_tile_masked && fa_any_nonfinite(Flags);
 
         // S = Q K^T and dP = dout V^T, then dS = P (dP - delta) in S's place.
         fa_frag S[BK / 8], dP[BK / 8];
@@ -153,23 +152,17 @@ kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
             FA_UNROLL
             for (int i = 0; i < 2; ++i) {
                 const int j = j0 + k8 * 8 + at.col + i;
-                bool seen = tile == fa_tile_full || (j >= row_begin && j < row_end);
+                const bool seen = tile == fa_tile_full || (j >= row_begin && j < row_end);
                 float s = S[k8].thread_elements()[i], dcap = 1.0f;
                 if (fa_score_mods != 0 && seen)  // the forward's score options, and softcap's slope
                     s = fa_score_mod(p, sp, mods, mask, row.t, j, fa_long(j) * sp.mask_j, s, dcap);
-                seen = seen && !(fa_has_mask() && s == -INFINITY);  // the mask hides it
-                // dS = 0 where the row does not see the key: dP holds NaN
-                // there when V does, and P = 0 would not cancel it (nor
-                // would P be 0 there for a row whose lse is NaN).
-                S[k8].thread_elements()[i] =
-                    seen ? fa_prob(s, row_lse) * (dP[k8].thread_elements()[i] - row_delta) * dcap
-                         : 0.0f;
+                const float prob = seen ? fa_prob(s, row_lse) : 0.0f;
+                S[k8].thread_elements()[i] = prob * (dP[k8].thread_elements()[i] - row_delta) * dcap;
             }
         }
         // dQ += dS K, on this threadgroup's columns.
         if (exact) {
-            fa_masked_accumulate(dQ, S, Ks + c0, LD, at, j0, row_begin, row_end,
-                                 FaMaskRow{mods, mask, sp.mask_j, fa_has_mask()}, 1.0f);
+            fa_masked_accumulate(dQ, S, Ks + c0, LD, at, j0, row_begin, row_end, 1.0f);
             continue;
         }
         FA_UNROLL
@@ -278,17 +271,12 @@ kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
 
             const FaTile tile = fa_classify(col_begin, col_end, i0, BQ);
             if (tile == fa_tile_skip) continue;
-            // (hd32 has no registers to spare for the score options:
-            // plan_backward sends calls with them to the hd64 kernel.)
-            const FaScoreMods mods = HD >= 64 ? fa_score_mods_of(sp, alibi, b, h, fa_long(j) * sp.mask_j)
-                                              : FaScoreMods{0.0f, 0};
-            if (HD >= 64 && fa_has_mask() &&
-                fa_mask_hides_tile<BQ>(mods, mask, i0, col_begin, col_end, at.col, sp.mask_i))
+            if (HD >= 64 && (fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) &&
+                fa_mask_hides_tile<BQ>(fa_score_mods_of(sp, alibi, b, h, fa_long(j) * sp.mask_j),
+                                       mask, i0, col_begin, col_end, at.col, sp.mask_i))
                 continue;  // the mask hides these queries from the group's keys
-            // A NaN or inf in q or dout must not reach keys its row does not
-            // see (cut off by the band, or hidden by the mask).
-            const bool exact =
-                (tile == fa_tile_masked || (HD >= 64 && fa_has_mask())) && fa_any_nonfinite(Flags);
+            // A NaN or inf in q or dout must not reach keys its row does not see.
+            const bool exact = tile == fa_tile_masked && fa_any_nonfinite(Flags);
 
             // S^T = K Q^T and dP^T = V dout^T, then P^T and dS^T in their place.
             fa_frag St[BQ / 8], dPt[BQ / 8];
@@ -308,28 +296,24 @@ kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
                 FA_UNROLL
                 for (int e = 0; e < 2; ++e) {
                     const int ci = i8 * 8 + at.col + e;  // query i0 + ci
-                    bool seen = tile == fa_tile_full ||
-                                (i0 + ci >= col_begin && i0 + ci < col_end);
+                    const bool seen = tile == fa_tile_full ||
+                                      (i0 + ci >= col_begin && i0 + ci < col_end);
                     float s = St[i8].thread_elements()[e], dcap = 1.0f;
+                    // (hd32 has no registers to spare for them: plan_backward
+                    // sends calls with score options to the hd64 kernel.)
                     if (HD >= 64 && fa_score_mods != 0 && seen)
-                        s = fa_score_mod(p, sp, mods, mask, i0 + ci, j,
-                                         fa_long(i0 + ci) * sp.mask_i, s, dcap);
-                    seen = seen && !(HD >= 64 && fa_has_mask() && s == -INFINITY);  // hidden
-                    // (P = 0 there even for a query whose lse is NaN.)
+                        s = fa_score_mod(p, sp, fa_score_mods_of(sp, alibi, b, h, fa_long(j) * sp.mask_j),
+                                         mask, i0 + ci, j, fa_long(i0 + ci) * sp.mask_i, s, dcap);
                     const float prob = seen ? fa_prob(s, Ls[ci]) : 0.0f;
                     St[i8].thread_elements()[e] = prob;
-                    // dS^T = 0 where the query does not see the key: dP^T
-                    // holds NaN there when dout does.
                     dPt[i8].thread_elements()[e] =
-                        seen ? prob * (dPt[i8].thread_elements()[e] - Ds[ci]) * dcap : 0.0f;
+                        prob * (dPt[i8].thread_elements()[e] - Ds[ci]) * dcap;
                 }
             }
             // dV += P^T dout and dK += dS^T (scale q), on this threadgroup's columns.
             if (exact) {
-                const FaMaskRow hidden{mods, mask, sp.mask_i, HD >= 64 && fa_has_mask()};
-                fa_masked_accumulate(dV, St, Gs + c0, LD, at, i0, col_begin, col_end, hidden, 1.0f);
-                fa_masked_accumulate(dK, dPt, Qs + c0, LD, at, i0, col_begin, col_end, hidden,
-                                     q_frag_scale);
+                fa_masked_accumulate(dV, St, Gs + c0, LD, at, i0, col_begin, col_end, 1.0f);
+                fa_masked_accumulate(dK, dPt, Qs + c0, LD, at, i0, col_begin, col_end, q_frag_scale);
                 continue;
             }
             FA_UNROLL

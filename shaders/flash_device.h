@@ -220,6 +220,41 @@ FA_INLINE ushort fa_lane_of(int row, int col) {
                   ((row & 1) << 1) | ((col >> 1) & 1));
 }
 
+// acc += A B over only the columns k of A (k_first + k as a key or query)
+// that the lane's row sees, [begin, end): the exact path for a masked tile
+// whose B holds a NaN or an inf, where a matrix multiply would give the
+// rows that do not see it 0 * inf = NaN. A is K8 fragments of 8 x 8 (an
+// element at a time, gathered by shuffles), acc N8 fragments of output
+// columns, B the staged rows k at pitch ld from the output's first column,
+// each element times b_scale (FaStorage). Slow, and only taken for such tiles.
+template <int K8, int N8, class T>
+FA_INLINE void fa_masked_accumulate(thread fa_frag (&acc)[N8], const thread fa_frag (&A)[K8],
+                                    threadgroup const T* B, int ld, FaLane at, int k_first,
+                                    int begin, int end, float b_scale) {
+    for (int k = 0; k < K8 * 8; ++k) {
+        // Every lane shuffles (uniform control flow); the value is the
+        // lane's row's element k of A.
+        // (no run-time index into a fragment: that would put it in memory)
+        const ushort src = fa_lane_of(at.row, k & 6);
+        float a = 0.0f;
+        FA_UNROLL
+        for (int k8 = 0; k8 < K8; ++k8) {
+            const float x0 = simd_shuffle(A[k8].thread_elements()[0], src);
+            const float x1 = simd_shuffle(A[k8].thread_elements()[1], src);
+            if (k8 == k / 8) a = (k & 1) ? x1 : x0;
+        }
+        if (k_first + k < begin || k_first + k >= end) continue;
+        threadgroup const T* b = B + k * ld + at.col;
+        FA_UNROLL
+        for (int n8 = 0; n8 < N8; ++n8) {
+            acc[n8].thread_elements()[0] =
+                fma(a, float(b[n8 * 8]) * b_scale, acc[n8].thread_elements()[0]);
+            acc[n8].thread_elements()[1] =
+                fma(a, float(b[n8 * 8 + 1]) * b_scale, acc[n8].thread_elements()[1]);
+        }
+    }
+}
+
 // The 8 x HD rows of one operand that a SIMD group multiplies by, as
 // fragments (frag(d8) is columns 8*d8 .. 8*d8+7), scaled by `scale`. With
 // IN_REGISTERS they are loaded once and live in HD/4 registers per thread;
@@ -315,38 +350,12 @@ FA_INLINE FaScoreMods fa_score_mods_of(constant FlashScoreParams& sp, device con
     return m;
 }
 
-// Whether the call's mask hides the score at offset `at` past mods.mask_base:
-// a false entry of a bool mask, a -inf of a float mask (NaN does not hide).
-// A hidden key never reaches the row, whatever its k and v hold (the
-// README's NaN and inf rule): false without a mask.
-FA_INLINE bool fa_mask_hides(FaScoreMods mods, device const uchar* mask, fa_long at) {
-    if (fa_score_mods & FA_SCORE_MASK_BOOL) return mask[mods.mask_base + at] == 0;
-    if (fa_score_mods & FA_SCORE_MASK_FLOAT)
-        return reinterpret_cast<device const float*>(mask)[mods.mask_base + at] == -INFINITY;
-    return false;
-}
-FA_INLINE bool fa_has_mask() {
-    return (fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) != 0;
-}
-
-// The mask as the exact path reads it along a lane's row of a tile: column
-// c of the row is entry mods.mask_base + c * stride; `on` false (no mask,
-// or a kernel that takes no options) hides nothing.
-struct FaMaskRow {
-    FaScoreMods mods;
-    device const uchar* mask;
-    fa_long stride;
-    bool on;
-};
-FA_INLINE bool fa_mask_row_hides(FaMaskRow m, int c) {
-    return m.on && fa_mask_hides(m.mods, m.mask, fa_long(c) * m.stride);
-}
-
 // True when the mask hides every score of a SIMD group's tile from the
 // rows (or keys) its lanes hold, so the tile is skipped as the cpu engine
 // skips it: each lane checks the columns c0 + [0, WIDTH) it meets
 // (col, col + 1 of each 8-column fragment) that its band [begin, end) lets
-// it see, at mask offset mods.mask_base + c * stride.
+// it see, at mask offset mods.mask_base + c * stride. Only a false (bool)
+// or -inf (float) entry hides; NaN does not.
 template <int WIDTH>
 FA_INLINE bool fa_mask_hides_tile(FaScoreMods mods, device const uchar* mask, int c0, int begin,
                                   int end, int col, fa_long stride) {
@@ -357,47 +366,14 @@ FA_INLINE bool fa_mask_hides_tile(FaScoreMods mods, device const uchar* mask, in
         for (int i = 0; i < 2; ++i) {
             const int c = c0 + c8 * 8 + col + i;
             if (c < begin || c >= end) continue;
-            visible |= int(!fa_mask_hides(mods, mask, fa_long(c) * stride));
+            const fa_long at = mods.mask_base + fa_long(c) * stride;
+            if (fa_score_mods & FA_SCORE_MASK_BOOL)
+                visible |= int(mask[at] != 0);
+            else
+                visible |= int(reinterpret_cast<device const float*>(mask)[at] != -INFINITY);
         }
     }
     return simd_max(visible) == 0;
-}
-
-// acc += A B over only the columns k of A (k_first + k as a key or query)
-// that the lane's row sees: in its band [begin, end) and not hidden by the
-// mask (`hidden`). The exact path for a tile whose B holds a NaN or an inf
-// where some row does not see some column: a matrix multiply would give that
-// row 0 * inf = NaN. A is K8 fragments of 8 x 8 (an element at a time,
-// gathered by shuffles), acc N8 fragments of output columns, B the staged
-// rows k at pitch ld from the output's first column, each element times
-// b_scale (FaStorage). Slow, and only taken for such tiles.
-template <int K8, int N8, class T>
-FA_INLINE void fa_masked_accumulate(thread fa_frag (&acc)[N8], const thread fa_frag (&A)[K8],
-                                    threadgroup const T* B, int ld, FaLane at, int k_first,
-                                    int begin, int end, FaMaskRow hidden, float b_scale) {
-    for (int k = 0; k < K8 * 8; ++k) {
-        // Every lane shuffles (uniform control flow); the value is the
-        // lane's row's element k of A.
-        // (no run-time index into a fragment: that would put it in memory)
-        const ushort src = fa_lane_of(at.row, k & 6);
-        float a = 0.0f;
-        FA_UNROLL
-        for (int k8 = 0; k8 < K8; ++k8) {
-            const float x0 = simd_shuffle(A[k8].thread_elements()[0], src);
-            const float x1 = simd_shuffle(A[k8].thread_elements()[1], src);
-            if (k8 == k / 8) a = (k & 1) ? x1 : x0;
-        }
-        if (k_first + k < begin || k_first + k >= end) continue;
-        if (fa_mask_row_hides(hidden, k_first + k)) continue;
-        threadgroup const T* b = B + k * ld + at.col;
-        FA_UNROLL
-        for (int n8 = 0; n8 < N8; ++n8) {
-            acc[n8].thread_elements()[0] =
-                fma(a, float(b[n8 * 8]) * b_scale, acc[n8].thread_elements()[0]);
-            acc[n8].thread_elements()[1] =
-                fma(a, float(b[n8 * 8 + 1]) * b_scale, acc[n8].thread_elements()[1]);
-        }
-    }
 }
 
 // The options on the score s of query row t and key j, which the band lets
@@ -414,11 +390,12 @@ FA_INLINE float fa_score_mod(constant FlashParams& p, constant FlashScoreParams&
         dcap = fma(-th, th, 1.0f);
     }
     if (fa_score_mods & FA_SCORE_ALIBI) s = fma(-mods.slope, abs(float(t + p.Tk - p.Tq - j)), s);
-    if (fa_has_mask()) {
-        if (fa_mask_hides(mods, mask, mask_offset))
-            s = -INFINITY;  // whatever s was: a NaN or +inf score of a hidden key too
-        else if (fa_score_mods & FA_SCORE_MASK_FLOAT)
-            s += reinterpret_cast<device const float*>(mask)[mods.mask_base + mask_offset];
+    if (fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) {
+        const fa_long at = mods.mask_base + mask_offset;
+        if (fa_score_mods & FA_SCORE_MASK_BOOL)
+            s = mask[at] != 0 ? s : -INFINITY;
+        else
+            s += reinterpret_cast<device const float*>(mask)[at];
     }
     return s;
 }

@@ -126,14 +126,13 @@ kernel void flash_fwd(device const T* q [[buffer(0)]],
         threadgroup_barrier(mem_flags::mem_threadgroup);
 
         const FaTile tile = fa_classify(row_begin, row_end, j0, BK);
+        // A NaN or inf in V must not reach the rows that do not see its key.
+        const bool exact = tile == fa_tile_masked && fa_any_nonfinite(Flags);
         if (tile == fa_tile_skip) continue;
-        if (fa_has_mask() &&
+        if ((fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) &&
             fa_mask_hides_tile<BK>(mods, mask, j0, row_begin, row_end,
                                    at.col, sp.mask_j))
             continue;  // the mask hides this block from the group's rows
-        // A NaN or inf in V must not reach the rows that do not see its key
-        // (cut off by the band, or hidden by the mask).
-        const bool exact = (tile == fa_tile_masked || fa_has_mask()) && fa_any_nonfinite(Flags);
 
         // S = Q K^T: K^T's fragment (d8, k8) is the transposed load of Ks.
         fa_frag S[BK / 8];
@@ -187,8 +186,7 @@ kernel void flash_fwd(device const T* q [[buffer(0)]],
             O[d8].thread_elements()[1] *= factor;
         }
         if (exact) {
-            fa_masked_accumulate(O, S, Vs + c0, LD, at, j0, row_begin, row_end,
-                                 FaMaskRow{mods, mask, sp.mask_j, fa_has_mask()}, 1.0f);
+            fa_masked_accumulate(O, S, Vs + c0, LD, at, j0, row_begin, row_end, 1.0f);
             continue;
         }
         FA_UNROLL
