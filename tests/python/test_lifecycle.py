@@ -419,8 +419,9 @@ def test_environment_thread_count_the_system_cannot_give_is_a_runtime_error():
 
 
 def test_set_num_threads_waits_without_the_gil(restore_threads):
-    """set_num_threads waits for a running cpu call; meanwhile other Python
-    threads keep running (it used to hold the GIL: 3-5 s of silence)."""
+    """set_num_threads during a running cpu call: meanwhile other Python
+    threads keep running (it used to hold the GIL while it waited for the
+    call: 3-5 s of silence)."""
     rng = np.random.default_rng(1)
     q = rng.standard_normal((1, 16384, 4, 64), dtype=np.float32)
     call_ended = []
@@ -432,9 +433,12 @@ def test_set_num_threads_waits_without_the_gil(restore_threads):
     setter = threading.Thread(target=fa.set_num_threads, args=(1,))
     setter.start()
     ticks = [start]
-    while setter.is_alive():
+    # Until both are done: set_num_threads may also return at once and
+    # resize when the call ends; Python must not stand still either way.
+    while setter.is_alive() or worker.is_alive():
         time.sleep(0.005)
         ticks.append(time.perf_counter())
+    setter.join()
     worker.join()
     assert fa.get_num_threads() == 1
     if call_ended[0] - start < 1.0:  # the premise: a long wait to stand still in
