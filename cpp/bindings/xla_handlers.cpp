@@ -267,6 +267,13 @@ void check_output(const Operand& out, const std::vector<int64_t>& expected) {
              shape_string(expected) + " after the leading axes");
 }
 
+// Argument i, an option buffer (alibi_slopes, mask, sinks) of `dtype`.
+const Buffer& option_buffer(const CallFrame* frame, int64_t i, const char* name, DataType dtype) {
+    const Buffer& b = buffer(frame, false, i, name);
+    need_dtype(b, name, dtype);
+    return b;
+}
+
 // The option buffers of a call, as operands.
 struct ScoreOperands {
     ScoreLayout layout;
@@ -276,21 +283,13 @@ struct ScoreOperands {
 ScoreOperands score_operands(const CallFrame* frame, const ScoreLayout& layout, const Lead& lead) {
     ScoreOperands s{layout, {}, {}, {}};
     int64_t i = layout.first;
-    if (layout.alibi) {
-        const Buffer& b = buffer(frame, false, i++, "alibi_slopes");
-        need_dtype(b, "alibi_slopes", kF32);
-        s.alibi = operand(b, "alibi_slopes", 2, lead);
-    }
-    if (layout.mask) {
-        const Buffer& b = buffer(frame, false, i++, "mask");
-        need_dtype(b, "mask", layout.mask == 1 ? kPred : kF32);
-        s.mask = operand(b, "mask", 4, lead);
-    }
-    if (layout.sinks) {
-        const Buffer& b = buffer(frame, false, i++, "sinks");
-        need_dtype(b, "sinks", kF32);
-        s.sinks = operand(b, "sinks", 1, lead);
-    }
+    if (layout.alibi)
+        s.alibi = operand(option_buffer(frame, i++, "alibi_slopes", kF32), "alibi_slopes", 2, lead);
+    if (layout.mask)
+        s.mask = operand(option_buffer(frame, i++, "mask", layout.mask == 1 ? kPred : kF32), "mask",
+                         4, lead);
+    if (layout.sinks)
+        s.sinks = operand(option_buffer(frame, i++, "sinks", kF32), "sinks", 1, lead);
     return s;
 }
 
@@ -487,16 +486,9 @@ ScoreOptions varlen_score(const CallFrame* frame, const ScoreLayout& layout) {
     ScoreOptions s;
     s.softcap = layout.softcap;
     int64_t i = layout.first;
-    if (layout.alibi) {
-        const Buffer& b = buffer(frame, false, i++, "alibi_slopes");
-        need_dtype(b, "alibi_slopes", kF32);
-        s.alibi_slopes = dense(b, DType::f32);
-    }
-    if (layout.sinks) {
-        const Buffer& b = buffer(frame, false, i++, "sinks");
-        need_dtype(b, "sinks", kF32);
-        s.sinks = dense(b, DType::f32);
-    }
+    if (layout.alibi)
+        s.alibi_slopes = dense(option_buffer(frame, i++, "alibi_slopes", kF32), DType::f32);
+    if (layout.sinks) s.sinks = dense(option_buffer(frame, i++, "sinks", kF32), DType::f32);
     return s;
 }
 

@@ -13,7 +13,8 @@ import math
 
 from . import _args, _core
 
-__all__ = ["require", "Options", "options", "score_shapes", "top_left_band", "dtype_name"]
+__all__ = ["require", "Options", "options", "score_shapes", "top_left_band", "dtype_name",
+           "check_arrays"]
 
 
 def require(module: str, extra: str, wrapper: str):
@@ -31,6 +32,33 @@ def require(module: str, extra: str, wrapper: str):
 def dtype_name(dtype) -> str:
     """'float32', 'bfloat16', 'bool', ... for a torch, JAX, MLX or NumPy dtype."""
     return str(dtype).rpartition(".")[2]
+
+
+# The dtypes the kernels take (float64 only through flashattn.torch, which
+# checks its own).
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def check_arrays(fn: str, arrays: dict, ndim: int, words: str, *, is_array, kind: str,
+                 astype: str) -> None:
+    """q, k, v of a JAX or MLX call: arrays of the framework (`is_array`,
+    named `kind` in the error), of one of FLOAT_DTYPES, all one dtype, with
+    `ndim` dimensions (`words` says which). `astype` is the conversion the
+    error suggests, e.g. "jnp.float32"."""
+    for name, x in arrays.items():
+        if not is_array(x):
+            raise TypeError(f"{fn}: {name} must be {kind}, got {type(x).__name__}")
+        if dtype_name(x.dtype) not in FLOAT_DTYPES:
+            raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16, got {x.dtype}; "
+                            f"convert with {name}.astype({astype})")
+        if x.ndim != ndim:
+            raise ValueError(f"{fn}: {name} must have {ndim} dimensions {words}, got shape "
+                             f"{tuple(x.shape)}")
+    dtypes = {name: dtype_name(x.dtype) for name, x in arrays.items()}
+    if len(set(dtypes.values())) > 1:
+        seen = ", ".join(f"{name} is {d}" for name, d in dtypes.items())
+        raise TypeError(f"{fn}: q, k and v must share one dtype; {seen}. Convert them with "
+                        f".astype(q.dtype)")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,8 +49,6 @@ def _register() -> None:
 
 _register()
 
-_DTYPES = ("float32", "float16", "bfloat16")
-
 
 # ---- The compute: one function per direction ---------------------------------
 # The only places that reach an engine: an XLA FFI call each (bthd layout;
@@ -157,20 +155,8 @@ def _attend(static: _Static):
 # ---- Checks --------------------------------------------------------------------
 
 def _check_arrays(fn: str, arrays: dict, ndim: int, words: str) -> None:
-    for name, x in arrays.items():
-        if not hasattr(x, "shape") or not hasattr(x, "dtype"):
-            raise TypeError(f"{fn}: {name} must be a JAX array, got {type(x).__name__}")
-        if _wrappers.dtype_name(x.dtype) not in _DTYPES:
-            raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16, got {x.dtype}; "
-                            f"convert with {name}.astype(jnp.float32)")
-        if x.ndim != ndim:
-            raise ValueError(f"{fn}: {name} must have {ndim} dimensions {words}, got shape "
-                             f"{tuple(x.shape)}")
-    dtypes = {name: _wrappers.dtype_name(x.dtype) for name, x in arrays.items()}
-    if len(set(dtypes.values())) > 1:
-        seen = ", ".join(f"{name} is {d}" for name, d in dtypes.items())
-        raise TypeError(f"{fn}: q, k and v must share one dtype; {seen}. Convert them with "
-                        f".astype(q.dtype)")
+    _wrappers.check_arrays(fn, arrays, ndim, words, is_array=lambda x: hasattr(x, "shape") and hasattr(x, "dtype"),
+                           kind="a JAX array", astype="jnp.float32")
 
 
 def _concrete(x) -> bool:

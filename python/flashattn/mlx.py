@@ -58,8 +58,6 @@ from ._instream import mlx_stream as _instream  # noqa: E402  (imports mlx)
 
 __all__ = ["attention", "attention_varlen", "scaled_dot_product_attention"]
 
-_DTYPES = ("float32", "float16", "bfloat16")
-
 
 # ---- Between MLX arrays and the NumPy API ----------------------------------------
 
@@ -257,20 +255,8 @@ def _attend(static: _Static, cu=None):
 # ---- Checks ------------------------------------------------------------------------
 
 def _check_arrays(fn: str, arrays: dict, ndim: int, words: str) -> None:
-    for name, x in arrays.items():
-        if not isinstance(x, mx.array):
-            raise TypeError(f"{fn}: {name} must be an mlx.core.array, got {type(x).__name__}")
-        if _wrappers.dtype_name(x.dtype) not in _DTYPES:
-            raise TypeError(f"{fn}: {name} must be float32, float16 or bfloat16, got {x.dtype}; "
-                            f"convert with {name}.astype(mx.float32)")
-        if x.ndim != ndim:
-            raise ValueError(f"{fn}: {name} must have {ndim} dimensions {words}, got shape "
-                             f"{tuple(x.shape)}")
-    dtypes = {name: _wrappers.dtype_name(x.dtype) for name, x in arrays.items()}
-    if len(set(dtypes.values())) > 1:
-        seen = ", ".join(f"{name} is {d}" for name, d in dtypes.items())
-        raise TypeError(f"{fn}: q, k and v must share one dtype; {seen}. Convert them with "
-                        f".astype(q.dtype)")
+    _wrappers.check_arrays(fn, arrays, ndim, words, is_array=lambda x: isinstance(x, mx.array),
+                           kind="an mlx.core.array", astype="mx.float32")
 
 
 def _option(fn: str, name: str, x):

@@ -44,6 +44,9 @@ if(NOT FLASHATTN_SANITIZE)
                      --kernel planted_scratch=planted_scratch@64:scratch
                      --kernel planted_vgprs=planted_vgprs@64:scratch)
     set_tests_properties(gpu_gate_kernels gpu_gate_planted PROPERTIES LABELS gpu_gate)
+    # Every kernel through two GPU back ends: about 6 minutes on 2 cores, so
+    # `slow`: tests/run.sh leaves it to --all (CI).
+    set_tests_properties(gpu_gate_kernels PROPERTIES LABELS "gpu_gate;slow")
   elseif(DEFINED ENV{CI} AND NOT APPLE)
     # Linux CI installs clang-19 (.ci/run): there, a missing one is a failure.
     message(FATAL_ERROR "the GPU resource gate needs clang++-19 and a Python 3 interpreter "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 
+import numpy as np
 import pytest
 
 import flashattn as fa
@@ -77,7 +78,8 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.skip(
                 reason=f"the {params['backend']} engine does not take {dtype.name} yet"))
         case = params.get("case")
-        if "backend" in params and isinstance(case, Case) and not fits(params["backend"], case):
+        if "backend" in params and isinstance(case, Case) and \
+                not fits(params["backend"], case, dtype if dtype is not None else np.float32):
             drop.append(item)
         else:
             keep.append(item)

@@ -46,6 +46,10 @@ FLOOR = 1e-6
 # counted in pytest's summary); CI (run.sh --all) keeps this one.
 SIMULATED = {"metal-sim"}
 SIM_BUDGET = int(os.environ.get("FLASHATTN_TEST_SIM_BUDGET", 150_000_000))
+# The same for the 16-bit dtypes on every engine: tests/run.sh's fast run
+# runs float16 and bfloat16 on the cases within FLASHATTN_TEST_HALF_BUDGET
+# (the larger ones in float32 only); unset, every case in every dtype.
+HALF_BUDGET = int(os.environ.get("FLASHATTN_TEST_HALF_BUDGET", 2**62))
 
 # The dtypes of q, k, v (a test that takes `dtype` runs in each, on every
 # engine that takes it: conftest.py), by the id pytest shows.
@@ -94,8 +98,11 @@ class Case:
         return dict(causal=self.causal, window=self.window)
 
 
-def fits(backend: str, case: Case) -> bool:
-    """The size policy: simulated engines get the cases within their budget."""
+def fits(backend: str, case: Case, dtype=np.float32) -> bool:
+    """The size policy: simulated engines get the cases within their budget,
+    16-bit dtypes the cases within theirs."""
+    if np.dtype(dtype).itemsize == 2 and case.work > HALF_BUDGET:
+        return False
     return backend not in SIMULATED or case.work <= SIM_BUDGET
 
 
