@@ -317,8 +317,9 @@ struct GradientEpilogue {
 };
 
 // delta = rowsum(dO * O) for every query row and head, (B, H, Tq), summed
-// exactly as the gemm sums dP = dO . v (one fma chain over d = 0..D-1 per
-// entry, simd::fma as there; on AMX, as the tiles sum it): in a saturated
+// exactly as gemm_over_d sums dP = dO . v (fma chains over the chunks of d
+// that d_chunk(D) gives, the chunks' sums added in order, simd::fma as
+// there; on AMX, as the tiles sum it): in a saturated
 // row, O is bit for bit the v of its one key, and dP - delta must then be
 // exactly 0, or dS = P (dP - delta) leaves an error of ulps of dO . v that
 // scale * k multiplies into dq and dk.
@@ -361,13 +362,18 @@ void row_deltas(const FlashParams& p, const BackwardIO& io, float* delta, int64_
     for (int64_t r0 = i0; r0 < i1; r0 += W) {
         const int n = int(std::min<int64_t>(W, i1 - r0));
         alignas(64) float a[W] = {}, c[W] = {}, out[W];
+        const int kc = d_chunk(p.D);
         vf acc{};
-        for (int d = 0; d < p.D; ++d) {
-            for (int r = 0; r < n; ++r) {
-                a[r] = to_float(do0[(r0 + r) * p.dout.t + d]);
-                c[r] = to_float(o0[(r0 + r) * p.o.t + d]);
+        for (int d0 = 0; d0 < p.D; d0 += kc) {
+            vf part{};
+            for (int d = d0; d < std::min(d0 + kc, p.D); ++d) {
+                for (int r = 0; r < n; ++r) {
+                    a[r] = to_float(do0[(r0 + r) * p.dout.t + d]);
+                    c[r] = to_float(o0[(r0 + r) * p.o.t + d]);
+                }
+                part = simd::fma(simd::load(a), simd::load(c), part);
             }
-            acc = simd::fma(simd::load(a), simd::load(c), acc);
+            acc = d0 == 0 ? part : acc + part;
         }
         simd::store(out, acc);
         for (int r = 0; r < n; ++r) delta[bh * p.Tq + r0 + r] = out[r];
@@ -482,8 +488,8 @@ void probabilities_and_gradients(const KeyBlock& kb, int nq, int Nk, int D, int 
     }
 #endif
     (void)q, (void)ldq, (void)scale, (void)dO, (void)lddo;
-    gemm<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, nullptr, false, probabilities);
-    gemm<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, nullptr, false, gradients);
+    gemm_over_d<false>(nq, Nk, D, Qr, Dp, kb.Kt, kBlockK, P, kBlockK, probabilities);
+    gemm_over_d<false>(nq, Nk, D, dOr, Dp, kb.Vt, kBlockK, dS, kBlockK, gradients);
 }
 
 // One query tile against the key block: P and dS, then dV += P^T dO,

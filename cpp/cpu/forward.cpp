@@ -377,7 +377,7 @@ public:
 #endif
         (void)j0;
         if (!lo) {
-            gemm<false>(nk, BQ_, p_.D, Kb, ldk, Qt_, BQ_, ST, BQ_, nullptr, false, epi);
+            gemm_over_d<false>(nk, BQ_, p_.D, Kb, ldk, Qt_, BQ_, ST, BQ_, epi);
             return;
         }
         // Column chunks as gemm would take them; the keys some column of a
@@ -396,8 +396,8 @@ public:
                 for (int c = c0; c < c1; c += W)
                     simd::store(ST + j * BQ_ + c, splat(-simd::kInf));
             }
-            gemm<false>(k1 - k0, c1 - c0, p_.D, Kb + k0 * ldk, ldk, Qt_ + c0, BQ_,
-                        ST + k0 * BQ_ + c0, BQ_, nullptr, false, epi.at(k0, c0));
+            gemm_over_d<false>(k1 - k0, c1 - c0, p_.D, Kb + k0 * ldk, ldk, Qt_ + c0, BQ_,
+                               ST + k0 * BQ_ + c0, BQ_, epi.at(k0, c0));
         }
     }
 

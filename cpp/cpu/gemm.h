@@ -78,12 +78,59 @@ inline void apply_epilogue(float* C, int M, int N, int64_t ldc, const Epi& epi) 
     }
 }
 
+// The sum over d of a product over the head dimension (q.k, dO.v: the
+// scores and dP, and delta = dO.o) is taken in chunks of d_chunk(D)
+// consecutive terms, [0, c), [c, 2c), ..., each a chain of FMAs from zero,
+// and the chunks' sums added in order: ((t0 + t1) + t2) + ... (issue 32
+// item 8). The grouping depends on D and d only, so every path that sums a
+// score (masked or not, banded, decoding, varlen, the backward's
+// recomputation) rounds it the same way. One chain over all of D rounds
+// each step at the size of the whole sum: at score spreads of 10-100
+// (|scale q.k| of tens) that error reached o through exp: o's root mean
+// square error was 1.9-2.4x a float32 einsum's (NumPy sums each SIMD
+// lane's terms apart, then adds the lanes), 0.8-1.0x in chunks
+// (tests/python/test_score_spread.py, docs/semantics.md). Sums over keys (P V, dS K,
+// P^T dO, dS^T Q) stay one chain per key block: their error does not grow
+// with the spread, and masked, banded and skipped keys must leave them bit
+// for bit as they are.
+// About 2 sqrt(D) terms: an emulation of the sums (float64 products,
+// float32 rounding per step) put o's RMS error at 0.8-1.1x NumPy's with
+// these, 1.2-1.4x with chunks of 32 at D = 64, 2-2.7x with one chain.
+constexpr int d_chunk(int D) { return D <= 32 ? 8 : D <= 64 ? 16 : 32; }
+
+// c[r][v] += A[r, k] B[k, v] for k in [k0, k1), one FMA chain per entry.
+// Always inlined: called apart, c would live in memory (GCC left some
+// instantiations out of line: the backward was 14% slower).
+template <int MR, int NV, bool TA>
+#if defined(__GNUC__)
+__attribute__((always_inline))
+#endif
+inline void fma_chain(int k0, int k1, const float* __restrict A, int64_t lda,
+                      const float* __restrict B, int64_t ldb, vf (&c)[MR][NV]) {
+    for (int k = k0; k < k1; ++k) {
+        const float* __restrict b = B + k * ldb;
+        vf bv[NV];
+#pragma GCC unroll 16
+        for (int v = 0; v < NV; ++v) bv[v] = simd::load(b + v * W);
+#pragma GCC unroll 16
+        for (int r = 0; r < MR; ++r) {
+            const vf a = simd::splat(TA ? A[k * lda + r] : A[r * lda + k]);
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; ++v) c[r][v] = simd::fma(a, bv[v], c[r][v]);
+        }
+    }
+}
+
 // A[r, k] is A[r * lda + k], or A[k * lda + r] when TA (a transposed tile
-// costs nothing: the element is broadcast either way).
+// costs nothing: the element is broadcast either way). kc > 0 (with
+// accumulate false only): the sum over K in chunks of kc terms, as d_chunk
+// says; the earlier chunks' sum waits in C while a chunk is summed in the
+// registers (a second register block would not fit).
 template <int MR, int NV, bool TA, class Epi>
 inline void micro_kernel(int K, const float* __restrict A, int64_t lda, const float* __restrict B,
                          int64_t ldb, float* __restrict C, int64_t ldc,
-                         const float* __restrict rowscale, bool accumulate, const Epi& epi) {
+                         const float* __restrict rowscale, bool accumulate, const Epi& epi,
+                         int kc = 0) {
     vf c[MR][NV];
     if (accumulate && rowscale) {
 #pragma GCC unroll 16
@@ -103,17 +150,23 @@ inline void micro_kernel(int K, const float* __restrict A, int64_t lda, const fl
 #pragma GCC unroll 16
             for (int v = 0; v < NV; ++v) c[r][v] = vf{};
     }
-    for (int k = 0; k < K; ++k) {
-        const float* __restrict b = B + k * ldb;
-        vf bv[NV];
+    // One chain (kc <= 0), or chunk after chunk: each chunk's sum, from
+    // zero, is added to the earlier chunks' sum kept in C.
+    const int step = kc > 0 ? kc : K;
+    for (int k0 = 0;;) {
+        const int k1 = K - k0 > step ? k0 + step : K;
+        fma_chain<MR, NV, TA>(k0, k1, A, lda, B, ldb, c);
+        if (k0 > 0)
 #pragma GCC unroll 16
-        for (int v = 0; v < NV; ++v) bv[v] = simd::load(b + v * W);
+            for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 16
-        for (int r = 0; r < MR; ++r) {
-            const vf a = simd::splat(TA ? A[k * lda + r] : A[r * lda + k]);
+                for (int v = 0; v < NV; ++v) c[r][v] = simd::load(C + r * ldc + v * W) + c[r][v];
+        if (k1 == K) break;
 #pragma GCC unroll 16
-            for (int v = 0; v < NV; ++v) c[r][v] = simd::fma(a, bv[v], c[r][v]);
-        }
+        for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 16
+            for (int v = 0; v < NV; ++v) simd::store(C + r * ldc + v * W, c[r][v]), c[r][v] = vf{};
+        k0 = k1;
     }
     epi.template apply<MR, NV>(c);
 #pragma GCC unroll 16
@@ -127,9 +180,9 @@ namespace detail {
 template <int NV, bool TA, class Epi, int... Ms>
 inline void row_tail(int rows, std::integer_sequence<int, Ms...>, int K, const float* A,
                      int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc,
-                     const float* rowscale, bool accumulate, const Epi& epi) {
+                     const float* rowscale, bool accumulate, const Epi& epi, int kc) {
     ((rows == Ms + 1 ? micro_kernel<Ms + 1, NV, TA>(K, A, lda, B, ldb, C, ldc, rowscale,
-                                                    accumulate, epi)
+                                                    accumulate, epi, kc)
                      : void()),
      ...);
 }
@@ -139,7 +192,7 @@ inline void row_tail(int rows, std::integer_sequence<int, Ms...>, int K, const f
 template <int NV, bool TA, class Epi>
 inline void gemm_columns(int M, int K, const float* A, int64_t lda, const float* B, int64_t ldb,
                          float* C, int64_t ldc, const float* rowscale, bool accumulate,
-                         const Epi& epi, const int* k_lo = nullptr, const int* k_hi = nullptr) {
+                         const Epi& epi, const int* k_lo, const int* k_hi, int kc) {
     constexpr int MR = rows_for(NV);
     for (int m = 0; m < M; m += MR) {
         const int rows = M - m < MR ? M - m : MR;
@@ -155,10 +208,10 @@ inline void gemm_columns(int M, int K, const float* A, int64_t lda, const float*
         const float* s = rowscale ? rowscale + m : nullptr;
         if (rows == MR)
             micro_kernel<MR, NV, TA>(k1 - k0, a, lda, b, ldb, C + m * ldc, ldc, s, accumulate,
-                                     epi.at(m, 0));
+                                     epi.at(m, 0), kc);
         else
             row_tail<NV, TA>(rows, std::make_integer_sequence<int, MR - 1>(), k1 - k0, a, lda, b,
-                             ldb, C + m * ldc, ldc, s, accumulate, epi.at(m, 0));
+                             ldb, C + m * ldc, ldc, s, accumulate, epi.at(m, 0), kc);
     }
 }
 
@@ -176,7 +229,8 @@ inline void gemm_columns(int M, int K, const float* A, int64_t lda, const float*
 template <bool TA, class Epi = Identity>
 inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* B, int64_t ldb,
                  float* C, int64_t ldc, const float* rowscale, bool accumulate,
-                 const Epi& epi = Epi{}, const int* k_lo = nullptr, const int* k_hi = nullptr) {
+                 const Epi& epi = Epi{}, const int* k_lo = nullptr, const int* k_hi = nullptr,
+                 int kc = 0) {
     for (int n = 0; n < N;) {
         // Widest column blocks first, but a last one vector wide (a load
         // per FMA row, bound by the broadcasts) is avoided: with one vector
@@ -188,26 +242,34 @@ inline void gemm(int M, int N, int K, const float* A, int64_t lda, const float* 
 #if defined(FLASHATTN_SIMD_AVX512) || defined(FLASHATTN_SIMD_NEON)
             case 4:
                 detail::gemm_columns<4, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
-                                            accumulate, epi.at(0, n), k_lo, k_hi);
+                                            accumulate, epi.at(0, n), k_lo, k_hi, kc);
                 break;
 #endif
 #if defined(FLASHATTN_SIMD_AVX512) || defined(FLASHATTN_SIMD_AVX2) || defined(FLASHATTN_SIMD_NEON)
             case 3:
                 detail::gemm_columns<3, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
-                                            accumulate, epi.at(0, n), k_lo, k_hi);
+                                            accumulate, epi.at(0, n), k_lo, k_hi, kc);
                 break;
 #endif
             case 2:
                 detail::gemm_columns<2, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
-                                            accumulate, epi.at(0, n), k_lo, k_hi);
+                                            accumulate, epi.at(0, n), k_lo, k_hi, kc);
                 break;
             default:
                 detail::gemm_columns<1, TA>(M, K, A, lda, B + n, ldb, C + n, ldc, rowscale,
-                                            accumulate, epi.at(0, n), k_lo, k_hi);
+                                            accumulate, epi.at(0, n), k_lo, k_hi, kc);
                 break;
         }
         n += nv * W;
     }
+}
+
+// C[M x N] = epi(A[M x D] B[D x N]) for a product over the head dimension
+// (scores, dP), summed over d in the chunks d_chunk(D) says.
+template <bool TA, class Epi = Identity>
+inline void gemm_over_d(int M, int N, int D, const float* A, int64_t lda, const float* B,
+                        int64_t ldb, float* C, int64_t ldc, const Epi& epi = Epi{}) {
+    gemm<TA>(M, N, D, A, lda, B, ldb, C, ldc, nullptr, false, epi, nullptr, nullptr, d_chunk(D));
 }
 
 // gemm without an epilogue in which row r of C contracts over its own range
