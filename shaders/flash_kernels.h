@@ -43,10 +43,14 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // dP^T, FA_DKDV_STAGE/4 registers each, live beside dK and dV): 9.3, 8.8,
 // 12.9, 17.0, 16.7 KiB with the lse and delta rows.
 #define FA_DKDV_STAGE(HD) ((HD) <= 32 ? 32 : FA_STAGE(HD) < 16 ? FA_STAGE(HD) : 16)
-// Row pitch of a staged tile: 4 floats (16 bytes) of padding, as MLX's
-// steel kernels pad, so the rows of a transposed 8x8 load fall in different
-// banks.
+// Row pitch of a staged tile: 4 elements of padding, so the rows of a
+// transposed 8x8 load fall in different banks.
 #define FA_LD(HD) ((HD) + 4)
+// Partial sums of a score over D (fa_scores): 2 halves the length of each
+// float32 rounding chain.
+#define FA_S_PARTIALS 2
+// Elements of the storage type in 16 bytes: the unit staging moves.
+#define FA_VEC16(T) int(16 / sizeof(T))
 
 // Which operand rows a SIMD group keeps as register fragments for the whole
 // kernel (else it reloads them per step from device memory, through the
@@ -71,9 +75,25 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // Split-KV decode merges at most this many key ranges (one per lane).
 #define FA_MAX_KV_SPLITS 32
 
+// Occupancy is declared: every tiled kernel (forward, dQ, dK/dV) carries
+// FA_MAX_THREADS(FA_THREADS), [[max_total_threads_per_threadgroup]] on
+// Metal (as MLX's steel attention declares its WM * WN * 32), so the
+// compiler allocates registers for exactly that many threads. The host
+// builds those pipelines with the same N and refuses one whose limit comes
+// out below it (cpp/metal/device.mm; core/plan.h, declared_max_threads,
+// names the kernels); metal-sim refuses a launch above it. The C++ side
+// (metal-sim, the gate's proxy) has no such attribute: nothing there.
+#ifndef FA_MAX_THREADS
+#ifdef __METAL_VERSION__
+#define FA_MAX_THREADS(n) [[max_total_threads_per_threadgroup(n)]]
+#else
+#define FA_MAX_THREADS(n)
+#endif
+#endif
+
 // Function constants (host: cpp/core/plan.cpp, index for index).
 #define FA_FC_HEAD_FULL 0  // bool: D equals the bucket: no column guards
-#define FA_FC_HEAD_VEC4 1  // bool: D % 4 == 0: staging loads move float4s
+#define FA_FC_HEAD_VEC16 1  // bool: D fills whole 16-byte vectors of the dtype (D % 4 == 0 for float32, D % 8 == 0 for 16-bit)
 #define FA_FC_SCORE_MODS 2  // int: FlashParams::score_mods (0: plain attention, none of their code)
 
 // Threadgroup arrays are declared with FA_TG_ARRAY(type, name, count) inside
