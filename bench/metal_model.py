@@ -241,22 +241,31 @@ def before(kind: str, HD: int, dtype: str) -> Kernel:
 
 
 # "after": the kernels as they are now (issue 30): staging moves 16-byte
-# vectors as they are (9db780c), 16-bit operand fragments loaded by
-# simdgroup_load, P (and bfloat16's dS) rounded to the 16-bit type, S summed
-# over D in two partial sums; block sizes, column chunks and which rows stay
-# in registers unchanged. Registers: the gate's table of this commit
-# (docs/gpu-gate.md), the highest over the constant sets.
+# vectors as they are (9db780c), one at a time per thread, 16-bit operand
+# fragments loaded by simdgroup_load, P (and bfloat16's dS) rounded to the
+# 16-bit type, S summed over D in two partial sums, rows padded by 16
+# bytes; block sizes and which rows stay in registers by dtype and head
+# size as the GPU resource gate lets them (shaders/flash_kernels.h: dQ
+# stages 16 keys at float32 hd64; the float32 forward reloads Q from hd96);
+# the backward's non-finite check is a per-tile select on the raw scores
+# (no second pass, no vote: no extra barrier). Registers: the gate's table
+# of this commit (docs/gpu-gate.md), the highest over the constant sets.
 AFTER_REGISTERS = {
-    ("fwd", 64): (102, 98, 98), ("fwd", 128): (128, 127, 126),
-    ("dq", 64): (124, 124, 124), ("dq", 128): (128, 128, 128),
-    ("dkdv", 64): (128, 128, 128), ("dkdv", 128): (128, 122, 121),
+    ("fwd", 64): (116, 115, 117), ("fwd", 128): (122, 128, 128),
+    ("dq", 64): (128, 126, 126), ("dq", 128): (128, 128, 128),
+    ("dkdv", 64): (128, 128, 128), ("dkdv", 128): (128, 128, 128),
 }
 
 
 def after(kind: str, HD: int, dtype: str) -> Kernel:
     k = before(kind, HD, dtype)
-    return dataclasses.replace(k, frag16=dtype != "f32", copy16=True, s_partials=2,
-                               p_half=dtype != "f32",
+    f32 = dtype == "f32"
+    if kind == "fwd":
+        k = dataclasses.replace(k, resident=HD <= (64 if f32 else 128))
+    elif kind == "dq" and HD == 64 and f32:
+        k = dataclasses.replace(k, block=16)
+    return dataclasses.replace(k, frag16=not f32, copy16=True, s_partials=2,
+                               p_half=not f32, pad=16 // elem_bytes(dtype),
                                registers=AFTER_REGISTERS[(kind, HD)][DTYPES.index(dtype)])
 
 
@@ -271,8 +280,9 @@ def predicted_counts(k: Kernel, T: int) -> dict:
     operations and fragment loads per SIMD group and step, times the SIMD
     groups, steps, row blocks and column chunks; two barriers a step (stage,
     then release the tiles), and after 9db780c one more per threadgroup (the
-    SIMD groups' vote on the exact pass, fa_leaked: the "before" kernels,
-    9063bbb, had none)."""
+    SIMD groups' vote on the forward's exact pass, fa_leaked: the "before"
+    kernels, 9063bbb, had none, and the backward's has none since its
+    per-tile select)."""
     row_blocks = T // 32
     steps = T // k.block
     chunks = k.HD // k.chunk
@@ -280,7 +290,7 @@ def predicted_counts(k: Kernel, T: int) -> dict:
     transposed, direct = k.fragment_loads()
     return {"mma": launches * k.simdgroups * k.mma(),
             "matrix_loads": launches * k.simdgroups * (transposed + direct),
-            "barriers": launches * 2 + row_blocks * chunks}
+            "barriers": launches * 2 + (row_blocks * chunks if k.kind == "fwd" else 0)}
 
 
 def simulated_counts(HD: int, dtype: str, T: int = 64) -> dict:

@@ -160,25 +160,28 @@ FA_ALWAYS_INLINE void fa_zero16(threadgroup T* dst) {
 }
 
 // Copies `rows` rows of a block (row r at src + r * pitch, its first D
-// elements) into a staged tile of STAGE rows of pitch FA_LD(HD), as they
+// elements) into a staged tile of STAGE rows of pitch FA_LD(HD, T), as they
 // are: 16 bytes at a time, no conversion, no scaling, no test of the values
-// (a NaN or inf is found where it matters: fa_leaked). Columns [D, HD) and
+// (a NaN or inf is found where it matters: fa_leaked, fa_nonfinite). Columns [D, HD) and
 // rows past `rows` are written zero, so padding adds nothing to a product.
 // THREADS threads (the whole group) take part, each moving at most
-// ceil(vectors / THREADS) of them (a loop of fixed length).
+// ceil(vectors / THREADS) of them, one after another: the loop is not
+// unrolled, so a thread has one vector in flight and the staging costs the
+// tile loop 4 registers, not 4 per vector (unrolled, the gate's proxy
+// issued every load first and spilled the resident fragments).
 template <int HD, int STAGE, int THREADS, class T>
 FA_INLINE void fa_stage(threadgroup T* tile, device const T* src, fa_long pitch, int rows, int D,
                         uint tid) {
     const int V = FA_VEC16(T);
     const int per_row = HD / V;
     const int vectors = STAGE * per_row;
-    FA_UNROLL
+    FA_NO_UNROLL
     for (int i = 0; i < (vectors + THREADS - 1) / THREADS; ++i) {
         const int e = i * THREADS + int(tid);
         if (vectors % THREADS != 0 && e >= vectors) break;
         const int r = e / per_row;
         const int c = (e - r * per_row) * V;
-        threadgroup T* dst = tile + r * FA_LD(HD) + c;
+        threadgroup T* dst = tile + r * FA_LD(HD, T) + c;
         device const T* row = src + fa_long(r) * pitch + c;
         if (r < rows && (fa_head_vec16 || c + V <= D)) {
             if (fa_head_full || c < D) fa_copy16(dst, row);
@@ -194,8 +197,9 @@ FA_INLINE void fa_stage(threadgroup T* tile, device const T* src, fa_long pitch,
 // Whether the SIMD group's accumulators (N8 fragments) hold a NaN or an inf
 // in a valid row (`mine`): after a tile whose rows do not all see all its
 // columns, a NaN or inf in the operand multiplied may have reached a row
-// through a masked zero (0 * inf = NaN). The kernels then run their tile
-// loop again, taking the exact path (fa_masked_accumulate) for such tiles;
+// through a masked zero (0 * inf = NaN). The forward then runs its tile
+// loop again, taking the exact path (fa_masked_accumulate) for such tiles
+// (the backward decides per tile instead: fa_nonfinite);
 // a NaN that belongs there (a row that sees it) also asks for that pass,
 // which gives the same answer. Uniform across the SIMD group.
 template <int N8>
@@ -205,6 +209,20 @@ FA_INLINE bool fa_leaked(const thread fa_frag (&acc)[N8], bool mine) {
     for (int n8 = 0; n8 < N8; ++n8)
         bad = bad || !isfinite(acc[n8].thread_elements()[0]) || !isfinite(acc[n8].thread_elements()[1]);
     return simd_max(int(bad && mine)) != 0;
+}
+
+// Whether any of the SIMD group's N8 fragments (raw products, before any
+// masking) holds a NaN or an inf: uniform across the SIMD group, so the
+// tile's path (matrix products or fa_masked_accumulate) is too. The
+// backward asks it of the scores and dP of a tile some row does not fully
+// see (a per-tile select, no second pass).
+template <int N8>
+FA_INLINE bool fa_nonfinite(const thread fa_frag (&x)[N8]) {
+    bool bad = false;
+    FA_UNROLL
+    for (int n8 = 0; n8 < N8; ++n8)
+        bad = bad || !isfinite(x[n8].thread_elements()[0]) || !isfinite(x[n8].thread_elements()[1]);
+    return simd_max(int(bad)) != 0;
 }
 
 // The lane holding element (row, col) of a fragment, col even (the inverse

@@ -6,7 +6,7 @@
 // (and FA_FWD_DCHUNK(HD) columns of o: grid.y = Hkv * HD / chunk)
 // (the packed numbering of FlashParams::rows_per_head: in decode the query
 // heads of a GQA group share the block, so each K/V row is read once per kv
-// head); each SIMD group owns 8 of them. K and V blocks of FA_STAGE(HD) keys
+// head); each SIMD group owns 8 of them. K and V blocks of FA_FWD_STAGE(HD, T) keys
 // are staged in threadgroup memory, zero-padded to the bucket; per block a
 // SIMD group computes S = Q K^T (8 x FA_STAGE fragments), the online softmax
 // on S's fragments (row reductions by two shuffles; exp2 of score
@@ -54,10 +54,10 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_fwd(device const T* q [[buffer(0)]]
                       uint tid [[thread_index_in_threadgroup]],
                       uint lane [[thread_index_in_simdgroup]],
                       uint sg [[simdgroup_index_in_threadgroup]]) {
-    const int BK = FA_STAGE(HD);
-    const int LD = FA_LD(HD);
-    FA_TG_ARRAY(T, Ks, FA_STAGE(HD) * FA_LD(HD));
-    FA_TG_ARRAY(T, Vs, FA_STAGE(HD) * FA_LD(HD));
+    const int BK = FA_FWD_STAGE(HD, T);
+    const int LD = FA_LD(HD, T);
+    FA_TG_ARRAY(T, Ks, FA_FWD_STAGE(HD, T) * FA_LD(HD, T));
+    FA_TG_ARRAY(T, Vs, FA_FWD_STAGE(HD, T) * FA_LD(HD, T));
     FA_TG_ARRAY(int, Again, 1);  // a SIMD group asks for the exact pass (fa_leaked)
 
     const int DC = FA_FWD_DCHUNK(HD);
@@ -92,7 +92,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_fwd(device const T* q [[buffer(0)]]
         row_end = min(row_end, group_end);
     }
 
-    FaRowFragments<HD, FA_FWD_Q_IN_REGISTERS(HD), T> Q;
+    FaRowFragments<HD, FA_FWD_Q_IN_REGISTERS(HD, T), T> Q;
     Q.load(row.valid ? q + fa_offset(p.q.b, p.q.t, p.q.h, b, row.t, row.h) : nullptr, at.col, p.D,
            p.scale);
 
@@ -129,9 +129,9 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_fwd(device const T* q [[buffer(0)]]
             const int n = min(BK, group_end - j0);
             // Nobody may still be reading the previous block.
             threadgroup_barrier(mem_flags::mem_threadgroup);
-            fa_stage<HD, FA_STAGE(HD), FA_THREADS>(Ks, k_head + fa_long(j0) * p.k.t, p.k.t, n, p.D,
+            fa_stage<HD, FA_FWD_STAGE(HD, T), FA_THREADS>(Ks, k_head + fa_long(j0) * p.k.t, p.k.t, n, p.D,
                                                    tid);
-            fa_stage<HD, FA_STAGE(HD), FA_THREADS>(Vs, v_head + fa_long(j0) * p.v.t, p.v.t, n, p.D,
+            fa_stage<HD, FA_FWD_STAGE(HD, T), FA_THREADS>(Vs, v_head + fa_long(j0) * p.v.t, p.v.t, n, p.D,
                                                    tid);
             threadgroup_barrier(mem_flags::mem_threadgroup);
 
