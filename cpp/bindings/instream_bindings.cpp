@@ -123,12 +123,19 @@ nb::dict plan_call(const std::string& direction, const std::string& dtype, const
                    int64_t window_left, int64_t window_right, std::optional<double> scale,
                    double softcap, const std::optional<Layout>& alibi,
                    const std::optional<Layout>& mask, bool mask_bool,
-                   const std::optional<Layout>& sinks) {
+                   const std::optional<Layout>& sinks, std::optional<int> gpu_cores) {
     const DType dt = dtype_named(dtype);
+    GpuInfo gpu;
+    if (gpu_cores) {
+        if (*gpu_cores < 1)
+            throw std::invalid_argument("_plan_call: gpu_cores must be at least 1, got " +
+                                        std::to_string(*gpu_cores));
+        gpu.cores = *gpu_cores;
+    }
     const AttentionOptions opt = attention_options(causal, window_left, window_right, scale);
     const ScoreOptions score = score_options(softcap, alibi, mask, mask_bool, sinks);
     if (direction == "forward")
-        return describe(plan_call_forward(view(q, dt), view(k, dt), view(v, dt), opt, score, dt));
+        return describe(plan_call_forward(view(q, dt), view(k, dt), view(v, dt), opt, score, dt, gpu));
     if (direction != "backward")
         throw std::invalid_argument("_plan_call: direction must be 'forward' or 'backward'");
     if (!dout || !o || !lse)
@@ -194,8 +201,10 @@ void bind_instream(nb::module_& m) {
           nb::arg("scale").none() = nb::none(), nb::arg("softcap") = 0.0,
           nb::arg("alibi").none() = nb::none(), nb::arg("mask").none() = nb::none(),
           nb::arg("mask_bool") = false, nb::arg("sinks").none() = nb::none(),
+          nb::arg("gpu_cores").none() = nb::none(),
           "A call's plan and schedule of pieces, as the metal engine makes them "
-          "(core/call_plan.h); the arrays as (shape, strides in elements).");
+          "(core/call_plan.h); the arrays as (shape, strides in elements); "
+          "gpu_cores: the GPU's core count (default: core/plan.h's GpuInfo, an 8-core M1).");
     m.def("_sim_kernel_names", [] {
         std::vector<std::string> names;
         for (const sim::Kernel& k : sim::kernels()) names.push_back(k.name);

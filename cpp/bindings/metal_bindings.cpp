@@ -84,6 +84,8 @@ void bind_metal(nb::module_& m) {
         },
         nb::arg("address"), nb::arg("nbytes"),
         "Whether [address, address + nbytes) lies in one pool buffer that is handed out.");
+    m.def("_metal_gpu_cores", [] { return metal_engine("_metal_gpu_cores").gpu().cores; },
+          "The GPU core count the metal engine plans for (core/gpu_info.h).");
     m.def("_metal_pool_stats", [] { return stats_dict(metal_engine("metal_pool_stats")); });
     m.def("_metal_clear_cache", [] { metal_engine("clear_cache").clear_cache(); });
     m.def(

@@ -26,10 +26,12 @@ struct CallPlan {
 
 // q: (B, Tq, H, D); k, v: (B, Tk, Hkv, D), of `dtype` (the views' dtype
 // fields must say so); the score options' arrays as make_score_inputs takes
-// them. Throws std::invalid_argument as the engines' calls do.
+// them; `gpu` the GPU the call runs on, as the metal engine reads it from
+// its device (split-KV decode is sized to its cores). Throws
+// std::invalid_argument as the engines' calls do.
 CallPlan plan_call_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                            const AttentionOptions& options, const ScoreOptions& score,
-                           DType dtype);
+                           DType dtype, const GpuInfo& gpu = {});
 CallPlan plan_call_backward(const TensorView& dout, const TensorView& q, const TensorView& k,
                             const TensorView& v, const TensorView& o, const TensorView& lse,
                             const AttentionOptions& options, const ScoreOptions& score,

@@ -78,6 +78,7 @@ public:
     }
 
     std::string device_name() const override { return device_->name(); }
+    GpuInfo gpu() const override { return device_->gpu(); }
 
     void clear_cache() override {
         with_autorelease_pool([&] { pool_->clear_cache(); });

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "core/engine.h"
+#include "core/plan.h"
 #include "metal/buffer_pool.h"
 #include "metal/staging.h"
 
@@ -22,6 +23,9 @@ public:
     virtual bool owns(const void* p, size_t bytes) const = 0;
 
     virtual std::string device_name() const = 0;
+    // The GPU as the engine's plans see it (core/gpu_info.h): the in-stream
+    // paths plan with it too, so that both size split-KV alike.
+    virtual GpuInfo gpu() const = 0;
     virtual PoolStats pool_stats() const = 0;
     virtual TransferStats transfer_stats() const = 0;
     virtual void clear_cache() = 0;

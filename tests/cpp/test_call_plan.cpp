@@ -76,7 +76,7 @@ struct Call {
     bool options;    // softcap, (H,) slopes, a (Tq, Tk) bool mask broadcast, sinks
 };
 
-void run(const Call& c) {
+void run(const Call& c, const GpuInfo& gpu) {
     HostBackend backend;
     backend.can_wrap = true;
     auto pool = HostPool::create(backend, kPage, size_t(1) << 30);
@@ -116,18 +116,18 @@ void run(const Call& c) {
     }
 
     // Forward: ours, then the metal host's steps.
-    const CallPlan ours = plan_call_forward(q, k, v, opt, so, c.dtype);
+    const CallPlan ours = plan_call_forward(q, k, v, opt, so, c.dtype, gpu);
     FlashParams p = make_forward_params(q, k, v, opt);
     ForwardIO io{q.data, k.data, v.data, buffer(size_t(nq) * es),
                  static_cast<float*>(buffer(size_t(c.B) * c.H * c.Tq * 4)),
                  make_score_inputs("attention", p, so)};
     io.dtype = c.dtype;
     Staged host;
-    run_staged_forward(*pool, p, io, GpuInfo{}, [&](const Plan& plan, const CallBuffers<HostPool>&) {
+    run_staged_forward(*pool, p, io, gpu, [&](const Plan& plan, const CallBuffers<HostPool>&) {
         host.plan = plan;
         host.schedule = schedule_plan(plan, work_model_from_env());
     });
-    check_same(ours, host, std::string(c.name) + " forward");
+    check_same(ours, host, std::string(c.name) + " forward, " + std::to_string(gpu.cores) + " cores");
 
     // Backward, with o and lse from the forward's outputs.
     const TensorView dout = view(buffer(size_t(nq) * es), c.Tq, c.H,
@@ -160,11 +160,25 @@ int main() {
         // Past one command buffer's share of the watchdog model (core/chunks.h).
         {"watchdog pieces f16", 1, 8192, 8192, 8, 8, 64, false, DType::f16, false, false},
     };
-    for (const Call& c : calls) run(c);
+    // The smallest Apple GPU (an 8-core M1, the default) and a 40-core Max:
+    // the in-stream plan is told the cores the metal engine reads.
+    const GpuInfo m1{}, max40{40};
+    for (const GpuInfo& gpu : {m1, max40})
+        for (const Call& c : calls) run(c, gpu);
     // Cut into pieces, each in a command buffer of its own, on both sides.
     setenv("FLASHATTN_MAX_GROUPS_PER_PIECE", "3", 1);
-    for (const Call& c : calls) run(c);
+    for (const Call& c : calls) run(c, m1);
     unsetenv("FLASHATTN_MAX_GROUPS_PER_PIECE");
+    {   // ... and the core count matters: decode splits the keys over more
+        // threadgroups on the larger GPU (8 kv heads: 8 splits fill an
+        // M1's 8 x kGroupsPerCore, a Max's take the most, FA_MAX_KV_SPLITS).
+        const TensorView q{nullptr, {1, 1, 8, 128}, {1024, 1024, 128, 1}},
+            k{nullptr, {1, 32768, 8, 128}, {32768 * 1024, 1024, 128, 1}};
+        const int32_t small = plan_call_forward(q, k, k, {}, {}, DType::f32, m1).params.kv_splits;
+        const int32_t large = plan_call_forward(q, k, k, {}, {}, DType::f32, max40).params.kv_splits;
+        std::printf("  decode 1 x 32768 keys: kv_splits %d on 8 cores, %d on 40\n", small, large);
+        CHECK(large > small);
+    }
     // An empty call plans nothing (the hosts answer it as run_forward does).
     const TensorView q{nullptr, {1, 4, 2, 8}, {64, 16, 8, 1}}, k{nullptr, {1, 0, 2, 8}, {0, 16, 8, 1}};
     CHECK(plan_call_forward(q, k, k, {}, {}, DType::f32).empty);

@@ -86,19 +86,30 @@ def plan(direction: str, dtype: str, q, k, v, **options) -> Plan:
     """The metal engine's plan of a call whose arrays have these layouts
     ((shape, strides in elements)); raises ValueError as the engines do.
     Cached by the call (and FLASHATTN_MAX_GROUPS_PER_PIECE, which the
-    schedule reads)."""
+    schedule reads). Sized for the GPU the metal engine plans for, where
+    there is one (gpu_cores)."""
     return _plan(direction, dtype, q, k, v, os.environ.get("FLASHATTN_MAX_GROUPS_PER_PIECE"),
-                 **options)
+                 gpu_cores(), **options)
+
+
+@functools.lru_cache(maxsize=None)
+def gpu_cores() -> int | None:
+    """The metal engine's GPU core count (read from the device: split-KV
+    decode is sized to it), or None where there is no metal engine: the
+    plan then models the smallest Apple GPU, as metal-sim does."""
+    if getattr(_core, "_metal_available", lambda: False)():
+        return int(_core._metal_gpu_cores())
+    return None
 
 
 @functools.lru_cache(maxsize=4096)
-def _plan(direction: str, dtype: str, q, k, v, _pieces_knob, do=None, o=None, lse=None,
+def _plan(direction: str, dtype: str, q, k, v, _pieces_knob, cores, do=None, o=None, lse=None,
           causal=False, window_left=-1, window_right=-1, scale=None, softcap=0.0, alibi=None,
           mask=None, mask_bool=False, sinks=None) -> Plan:
     d = _core._plan_call(direction, dtype, q, k, v, do=do, o=o, lse=lse, causal=causal,
                          window_left=window_left, window_right=window_right, scale=scale,
                          softcap=softcap, alibi=alibi, mask=mask, mask_bool=mask_bool,
-                         sinks=sinks)
+                         sinks=sinks, gpu_cores=cores)
     ends = {first - 1 for first in d["command_buffers"][1:]}
     return Plan(
         empty=d["empty"], B=d["B"], Tq=d["Tq"], Tk=d["Tk"], H=d["H"], Hkv=d["Hkv"], D=d["D"],
