@@ -54,7 +54,7 @@ FA_INLINE float fa_prob(float s, float lse) { return exp2((s - lse) * M_LOG2E_F)
 // FA_DQ_DCHUNK(HD) columns (grid.y = Hkv * HD / chunk); K and V staged
 // through threadgroup memory exactly as in the forward.
 template <int HD, class T>
-kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
+FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
                          device const T* k [[buffer(1)]],
                          device const T* v [[buffer(2)]],
                          device const T* dout [[buffer(3)]],
@@ -70,11 +70,10 @@ kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
                          uint tid [[thread_index_in_threadgroup]],
                          uint lane [[thread_index_in_simdgroup]],
                          uint sg [[simdgroup_index_in_threadgroup]]) {
-    const int BK = FA_STAGE(HD);
-    const int LD = FA_LD(HD);
-    FA_TG_ARRAY(T, Ks, FA_STAGE(HD) * FA_LD(HD));
-    FA_TG_ARRAY(T, Vs, FA_STAGE(HD) * FA_LD(HD));
-    FA_TG_ARRAY(int, Flags, FA_SIMDGROUPS);
+    const int BK = FA_DQ_STAGE(HD, T);
+    const int LD = FA_LD(HD, T);
+    FA_TG_ARRAY(T, Ks, FA_DQ_STAGE(HD, T) * FA_LD(HD, T));
+    FA_TG_ARRAY(T, Vs, FA_DQ_STAGE(HD, T) * FA_LD(HD, T));
 
     const int DC = FA_DQ_DCHUNK(HD);
     (void)sinks;  // a sink changes only lse, which the forward gave
@@ -102,15 +101,12 @@ kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
     const int group_begin = int(fa_key_begin(t_lo, p.Tq, p.Tk, p.window_left));
     const int group_end = int(fa_key_end(t_hi, p.Tq, p.Tk, p.window_right));
 
-    FaRowFragments<HD, FA_DQ_ROWS_IN_REGISTERS(HD), T> Q, G;
+    FaRowFragments<HD, FA_DQ_ROWS_IN_REGISTERS(HD, T), T> Q, G;
     Q.load(row.valid ? q + fa_offset(p.q.b, p.q.t, p.q.h, b, row.t, row.h) : nullptr, at.col, p.D,
            p.scale);
     G.load(row.valid ? dout + fa_offset(p.dout.b, p.dout.t, p.dout.h, b, row.t, row.h) : nullptr,
            at.col, p.D, 1.0f);
 
-    fa_frag dQ[DC / 8];
-    FA_UNROLL
-    for (int d8 = 0; d8 < DC / 8; ++d8) dQ[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     // Used only with options. A row past the group's heads (row.valid false)
     // takes head 0's: its own slope would be read past the end of the array.
     const FaScoreMods mods =
@@ -118,60 +114,70 @@ kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
 
     device const T* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
     device const T* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);
+    fa_frag dQ[DC / 8];
+    FA_UNROLL
+    for (int d8 = 0; d8 < DC / 8; ++d8) dQ[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     for (int j0 = group_begin; j0 < group_end; j0 += BK) {
         const int n = min(BK, group_end - j0);
         threadgroup_barrier(mem_flags::mem_threadgroup);
-        fa_post_nonfinite(Flags, fa_stage<HD, FA_STAGE(HD)>(Ks, k_head + fa_long(j0) * p.k.t, p.k.t,
-                                                            n, p.D, 1.0f, tid), sg, lane);
-        fa_stage<HD, FA_STAGE(HD)>(Vs, v_head + fa_long(j0) * p.v.t, p.v.t, n, p.D, 1.0f, tid);
+        fa_stage<HD, FA_DQ_STAGE(HD, T), FA_THREADS>(Ks, k_head + fa_long(j0) * p.k.t, p.k.t, n, p.D,
+                                                     tid);
+        fa_stage<HD, FA_DQ_STAGE(HD, T), FA_THREADS>(Vs, v_head + fa_long(j0) * p.v.t, p.v.t, n, p.D,
+                                                     tid);
         threadgroup_barrier(mem_flags::mem_threadgroup);
 
         const FaTile tile = fa_classify(row_begin, row_end, j0, BK);
         if (tile == fa_tile_skip) continue;
-        if ((fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) &&
-            fa_mask_hides_tile<BK>(mods, mask, j0, row_begin, row_end,
-                                   at.col, sp.mask_j))
+        if (fa_has_mask() &&
+            fa_mask_hides_tile<BK>(mods, mask, j0, row_begin, row_end, at.col, sp.mask_j))
             continue;  // the mask hides this block from the group's rows: no dq from it
-        // A NaN or inf in K must not reach the dq of rows that do not see its key.
-        const bool exact = tile == fa_tile_masked && fa_any_nonfinite(Flags);
 
-        // S = Q K^T and dP = dout V^T, then dS = P (dP - delta) in S's place.
+        // S = Q K^T and dP = dout V^T, then dS = P (dP - delta), rounded
+        // to its operand type (FaPrecision).
         fa_frag S[BK / 8], dP[BK / 8];
+        fa_rows_times_tile<HD, BK, FA_S_PARTIALS, false>(S, Q, Ks, LD, 1.0f);
+        if (!FaPrecision<T>::scale_q()) fa_scale_scores(S, p.scale);
+        // Some row does not see some key of the tile (cut off by the band,
+        // or hidden by the mask) and a key of it holds a NaN or an inf: dS
+        // K would give that row 0 * inf = NaN, so the tile takes the exact
+        // path. A non-finite element of key j makes S[r, j] non-finite for
+        // every row r of the tile (q . k with an inf or NaN term), seen or
+        // not, so the raw scores tell (fa_nonfinite): no test of K itself.
+        const bool exact = (tile == fa_tile_masked || fa_has_mask()) && fa_nonfinite(S);
+        fa_rows_times_tile<HD, BK, 1, false>(dP, G, Vs, LD, 1.0f);
+        fa_op<typename FaPrecision<T>::dS> dS[BK / 8];
         FA_UNROLL
         for (int k8 = 0; k8 < BK / 8; ++k8) {
-            S[k8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-            dP[k8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-            FA_UNROLL
-            for (int d8 = 0; d8 < HD / 8; ++d8) {
-                fa_frag kt, vt;
-                fa_load_tile(kt, Ks + k8 * 8 * LD + d8 * 8, LD, true, lane);
-                fa_load_tile(vt, Vs + k8 * 8 * LD + d8 * 8, LD, true, lane);
-                simdgroup_multiply_accumulate(S[k8], Q.frag(d8), kt, S[k8]);
-                simdgroup_multiply_accumulate(dP[k8], G.frag(d8), vt, dP[k8]);
-            }
             FA_UNROLL
             for (int i = 0; i < 2; ++i) {
                 const int j = j0 + k8 * 8 + at.col + i;
-                const bool seen = tile == fa_tile_full || (j >= row_begin && j < row_end);
+                bool seen = tile == fa_tile_full || (j >= row_begin && j < row_end);
                 float s = S[k8].thread_elements()[i], dcap = 1.0f;
                 if (fa_score_mods != 0 && seen)  // the forward's score options, and softcap's slope
-                    s = fa_score_mod(p, sp, mods, mask, row.t, j, fa_long(j) * sp.mask_j, s, dcap);
-                const float prob = seen ? fa_prob(s, row_lse) : 0.0f;
-                S[k8].thread_elements()[i] = prob * (dP[k8].thread_elements()[i] - row_delta) * dcap;
+                    s = fa_score_mod(p, sp, mods, mask, row.t, j, fa_long(j) * sp.mask_j, s,
+                                     dcap);
+                seen = seen && !(fa_has_mask() && s == -INFINITY);  // the mask hides it
+                // dS = 0 where the row does not see the key, by select: dP
+                // holds NaN there when V does, and P = 0 would not cancel it
+                // (nor would P be 0 there for a row whose lse is NaN).
+                dS[k8].thread_elements()[i] = typename FaPrecision<T>::dS(
+                    seen ? fa_prob(s, row_lse) * (dP[k8].thread_elements()[i] - row_delta) * dcap
+                         : 0.0f);
             }
         }
         // dQ += dS K, on this threadgroup's columns.
         if (exact) {
-            fa_masked_accumulate(dQ, S, Ks + c0, LD, at, j0, row_begin, row_end, 1.0f);
+            fa_masked_accumulate(dQ, dS, Ks + c0, LD, at, j0, row_begin, row_end,
+                                 FaMaskRow{mods, mask, sp.mask_j, fa_has_mask()});
             continue;
         }
         FA_UNROLL
         for (int d8 = 0; d8 < DC / 8; ++d8) {
             FA_UNROLL
             for (int k8 = 0; k8 < BK / 8; ++k8) {
-                fa_frag kf;
-                fa_load_tile(kf, Ks + k8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
-                simdgroup_multiply_accumulate(dQ[d8], S[k8], kf, dQ[d8]);
+                fa_op<T> kf;
+                simdgroup_load(kf, Ks + k8 * 8 * LD + c0 + d8 * 8, ulong(LD), ulong2(0, 0), false);
+                simdgroup_multiply_accumulate(dQ[d8], dS[k8], kf, dQ[d8]);
             }
         }
     }
@@ -185,10 +191,10 @@ kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
 // FA_DKDV_DCHUNK(HD)) of D (grid.y = Hkv * HD / FA_DKDV_DCHUNK(HD)), summed
 // over the query heads of the group and the query rows that see each key.
 // Q blocks (scaled by `scale`, as the forward scales Q, so S^T holds the
-// forward's scores bit for bit) and dout blocks of FA_DKDV_STAGE(HD) rows are
+// forward's scores bit for bit) and dout blocks of FA_DKDV_STAGE(HD, T) rows are
 // staged with their lse and delta.
 template <int HD, class T>
-kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
+FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
                            device const T* k [[buffer(1)]],
                            device const T* v [[buffer(2)]],
                            device const T* dout [[buffer(3)]],
@@ -205,15 +211,14 @@ kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
                            uint tid [[thread_index_in_threadgroup]],
                            uint lane [[thread_index_in_simdgroup]],
                            uint sg [[simdgroup_index_in_threadgroup]]) {
-    const int BQ = FA_DKDV_STAGE(HD);
-    const int LD = FA_LD(HD);
+    const int BQ = FA_DKDV_STAGE(HD, T);
+    const int LD = FA_LD(HD, T);
     const int DC = FA_DKDV_DCHUNK(HD);
     (void)sinks;  // a sink changes only lse, which the forward gave
-    FA_TG_ARRAY(T, Qs, FA_DKDV_STAGE(HD) * FA_LD(HD));
-    FA_TG_ARRAY(T, Gs, FA_DKDV_STAGE(HD) * FA_LD(HD));
-    FA_TG_ARRAY(float, Ls, FA_DKDV_STAGE(HD));
-    FA_TG_ARRAY(float, Ds, FA_DKDV_STAGE(HD));
-    FA_TG_ARRAY(int, Flags, FA_SIMDGROUPS);
+    FA_TG_ARRAY(T, Qs, FA_DKDV_STAGE(HD, T) * FA_LD(HD, T));
+    FA_TG_ARRAY(T, Gs, FA_DKDV_STAGE(HD, T) * FA_LD(HD, T));
+    FA_TG_ARRAY(float, Ls, FA_DKDV_STAGE(HD, T));
+    FA_TG_ARRAY(float, Ds, FA_DKDV_STAGE(HD, T));
 
     const uint3 pos = fa_group_position(grid_pos, p);
     const int chunks = HD / DC;
@@ -235,11 +240,7 @@ kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
     const int group_begin = int(fa_query_begin(j_first, p.Tq, p.Tk, p.window_right));
     const int group_end = int(fa_query_end(j_last, p.Tq, p.Tk, p.window_left));
 
-    FaRowFragments<HD, FA_DKDV_ROWS_IN_REGISTERS(HD), T> K, V;
-    // Where q's scale is applied (FaStorage): in the float tile, or as
-    // each fragment of a 16-bit tile is loaded.
-    const float q_stage_scale = FaStorage<T>::scaled_in_tile() ? p.scale : 1.0f;
-    const float q_frag_scale = FaStorage<T>::scaled_in_tile() ? 1.0f : p.scale;
+    FaRowFragments<HD, FA_DKDV_ROWS_IN_REGISTERS(HD, T), T> K, V;
     K.load(key_valid ? k + fa_offset(p.k.b, p.k.t, p.k.h, b, j, hkv) : nullptr, at.col, p.D, 1.0f);
     V.load(key_valid ? v + fa_offset(p.v.b, p.v.t, p.v.h, b, j, hkv) : nullptr, at.col, p.D, 1.0f);
 
@@ -249,7 +250,6 @@ kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
         dK[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
         dV[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     }
-
     for (int g = 0; g < p.group; ++g) {
         const int h = hkv * p.group + g;
         const fa_long stat0 = (fa_long(b) * p.H + h) * p.Tq;
@@ -258,11 +258,10 @@ kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
         for (int i0 = group_begin; i0 < group_end; i0 += BQ) {
             const int n = min(BQ, group_end - i0);
             threadgroup_barrier(mem_flags::mem_threadgroup);
-            const bool q_bad = fa_stage<HD, FA_DKDV_STAGE(HD)>(Qs, q_head + fa_long(i0) * p.q.t,
-                                                               p.q.t, n, p.D, q_stage_scale, tid);
-            const bool g_bad = fa_stage<HD, FA_DKDV_STAGE(HD)>(Gs, g_head + fa_long(i0) * p.dout.t,
-                                                               p.dout.t, n, p.D, 1.0f, tid);
-            fa_post_nonfinite(Flags, q_bad || g_bad, sg, lane);
+            fa_stage<HD, FA_DKDV_STAGE(HD, T), FA_THREADS>(Qs, q_head + fa_long(i0) * p.q.t, p.q.t, n,
+                                                           p.D, tid);
+            fa_stage<HD, FA_DKDV_STAGE(HD, T), FA_THREADS>(Gs, g_head + fa_long(i0) * p.dout.t,
+                                                           p.dout.t, n, p.D, tid);
             for (int r = int(tid); r < BQ; r += FA_THREADS) {
                 Ls[r] = r < n ? fa_row_lse(lse[stat0 + i0 + r]) : INFINITY;
                 Ds[r] = r < n ? delta[stat0 + i0 + r] : 0.0f;
@@ -271,68 +270,80 @@ kernel void flash_bwd_dkdv(device const T* q [[buffer(0)]],
 
             const FaTile tile = fa_classify(col_begin, col_end, i0, BQ);
             if (tile == fa_tile_skip) continue;
-            if (HD >= 64 && (fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) &&
-                fa_mask_hides_tile<BQ>(fa_score_mods_of(sp, alibi, b, h, fa_long(j) * sp.mask_j),
-                                       mask, i0, col_begin, col_end, at.col, sp.mask_i))
+            // (hd32 has no registers to spare for the score options:
+            // plan_backward sends calls with them to the hd64 kernel.)
+            const FaScoreMods mods = HD >= 64 ? fa_score_mods_of(sp, alibi, b, h, fa_long(j) * sp.mask_j)
+                                              : FaScoreMods{0.0f, 0};
+            if (HD >= 64 && fa_has_mask() &&
+                fa_mask_hides_tile<BQ>(mods, mask, i0, col_begin, col_end, at.col, sp.mask_i))
                 continue;  // the mask hides these queries from the group's keys
-            // A NaN or inf in q or dout must not reach keys its row does not see.
-            const bool exact = tile == fa_tile_masked && fa_any_nonfinite(Flags);
 
-            // S^T = K Q^T and dP^T = V dout^T, then P^T and dS^T in their place.
+            // S^T = K (scale q)^T (float32: the scale multiplies each q
+            // element before the product, as the forward's; 16-bit: the
+            // product, as the forward's) and dP^T = V dout^T, then P^T and
+            // dS^T, rounded to their operand types (FaPrecision). S^T holds
+            // the forward's scores bit for bit.
             fa_frag St[BQ / 8], dPt[BQ / 8];
+            fa_rows_times_tile<HD, BQ, FA_S_PARTIALS, FaPrecision<T>::scale_q()>(St, K, Qs, LD,
+                                                                                 p.scale);
+            if (!FaPrecision<T>::scale_q()) fa_scale_scores(St, p.scale);
+            fa_rows_times_tile<HD, BQ, 1, false>(dPt, V, Gs, LD, 1.0f);
+            // Some query does not see some key of the tile (cut off by the
+            // band, or hidden by the mask) and a query of it holds a NaN or
+            // an inf in q or dout: P^T dout and dS^T q would give that key
+            // 0 * inf = NaN, so the tile takes the exact path. A non-finite
+            // element of q_i (of dout_i) makes S^T[j, i] (dP^T[j, i])
+            // non-finite for every key j of the tile, so the raw products
+            // tell (fa_nonfinite): no test of the staged rows themselves.
+            const bool exact = (tile == fa_tile_masked || (HD >= 64 && fa_has_mask())) &&
+                               (fa_nonfinite(St) || fa_nonfinite(dPt));
+            fa_op<typename FaPrecision<T>::P> Pt[BQ / 8];
+            fa_op<typename FaPrecision<T>::dS> dSt[BQ / 8];
             FA_UNROLL
             for (int i8 = 0; i8 < BQ / 8; ++i8) {
-                St[i8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-                dPt[i8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-                FA_UNROLL
-                for (int d8 = 0; d8 < HD / 8; ++d8) {
-                    fa_frag qt, gt;
-                    fa_load_tile(qt, Qs + i8 * 8 * LD + d8 * 8, LD, true, lane);
-                    fa_scale_frag(qt, q_frag_scale);
-                    fa_load_tile(gt, Gs + i8 * 8 * LD + d8 * 8, LD, true, lane);
-                    simdgroup_multiply_accumulate(St[i8], K.frag(d8), qt, St[i8]);
-                    simdgroup_multiply_accumulate(dPt[i8], V.frag(d8), gt, dPt[i8]);
-                }
                 FA_UNROLL
                 for (int e = 0; e < 2; ++e) {
                     const int ci = i8 * 8 + at.col + e;  // query i0 + ci
-                    const bool seen = tile == fa_tile_full ||
-                                      (i0 + ci >= col_begin && i0 + ci < col_end);
+                    bool seen = tile == fa_tile_full ||
+                                (i0 + ci >= col_begin && i0 + ci < col_end);
                     float s = St[i8].thread_elements()[e], dcap = 1.0f;
-                    // (hd32 has no registers to spare for them: plan_backward
-                    // sends calls with score options to the hd64 kernel.)
                     if (HD >= 64 && fa_score_mods != 0 && seen)
-                        s = fa_score_mod(p, sp, fa_score_mods_of(sp, alibi, b, h, fa_long(j) * sp.mask_j),
-                                         mask, i0 + ci, j, fa_long(i0 + ci) * sp.mask_i, s, dcap);
+                        s = fa_score_mod(p, sp, mods, mask, i0 + ci, j,
+                                         fa_long(i0 + ci) * sp.mask_i, s, dcap);
+                    seen = seen && !(HD >= 64 && fa_has_mask() && s == -INFINITY);  // hidden
+                    // (P = 0 there even for a query whose lse is NaN.)
                     const float prob = seen ? fa_prob(s, Ls[ci]) : 0.0f;
-                    St[i8].thread_elements()[e] = prob;
-                    dPt[i8].thread_elements()[e] =
-                        prob * (dPt[i8].thread_elements()[e] - Ds[ci]) * dcap;
+                    Pt[i8].thread_elements()[e] = typename FaPrecision<T>::P(prob);
+                    // dS^T = 0 where the query does not see the key, by
+                    // select: dP^T holds NaN there when dout does.
+                    dSt[i8].thread_elements()[e] = typename FaPrecision<T>::dS(
+                        seen ? prob * (dPt[i8].thread_elements()[e] - Ds[ci]) * dcap : 0.0f);
                 }
             }
-            // dV += P^T dout and dK += dS^T (scale q), on this threadgroup's columns.
+            // dV += P^T dout and dK += dS^T q (scaled once, as stored), on
+            // this threadgroup's columns.
             if (exact) {
-                fa_masked_accumulate(dV, St, Gs + c0, LD, at, i0, col_begin, col_end, 1.0f);
-                fa_masked_accumulate(dK, dPt, Qs + c0, LD, at, i0, col_begin, col_end, q_frag_scale);
+                const FaMaskRow hidden{mods, mask, sp.mask_i, HD >= 64 && fa_has_mask()};
+                fa_masked_accumulate(dV, Pt, Gs + c0, LD, at, i0, col_begin, col_end, hidden);
+                fa_masked_accumulate(dK, dSt, Qs + c0, LD, at, i0, col_begin, col_end, hidden);
                 continue;
             }
             FA_UNROLL
             for (int d8 = 0; d8 < DC / 8; ++d8) {
                 FA_UNROLL
                 for (int i8 = 0; i8 < BQ / 8; ++i8) {
-                    fa_frag gf, qf;
-                    fa_load_tile(gf, Gs + i8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
-                    fa_load_tile(qf, Qs + i8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
-                    fa_scale_frag(qf, q_frag_scale);
-                    simdgroup_multiply_accumulate(dV[d8], St[i8], gf, dV[d8]);
-                    simdgroup_multiply_accumulate(dK[d8], dPt[i8], qf, dK[d8]);
+                    fa_op<T> gf, qf;
+                    simdgroup_load(gf, Gs + i8 * 8 * LD + c0 + d8 * 8, ulong(LD), ulong2(0, 0), false);
+                    simdgroup_load(qf, Qs + i8 * 8 * LD + c0 + d8 * 8, ulong(LD), ulong2(0, 0), false);
+                    simdgroup_multiply_accumulate(dV[d8], Pt[i8], gf, dV[d8]);
+                    simdgroup_multiply_accumulate(dK[d8], dSt[i8], qf, dK[d8]);
                 }
             }
         }
     }
 
     if (!key_valid || c0 + at.col >= p.D) return;
-    fa_store_row(dk + fa_offset(p.dk.b, p.dk.t, p.dk.h, b, j, hkv), dK, c0, at.col, p.D, 1.0f);
+    fa_store_row(dk + fa_offset(p.dk.b, p.dk.t, p.dk.h, b, j, hkv), dK, c0, at.col, p.D, p.scale);
     fa_store_row(dv + fa_offset(p.dv.b, p.dv.t, p.dv.h, b, j, hkv), dV, c0, at.col, p.D, 1.0f);
 }
 

@@ -10,27 +10,48 @@
 using namespace metal;
 
 FA_FUNCTION_CONSTANT(bool, fa_head_full, FA_FC_HEAD_FULL)
-FA_FUNCTION_CONSTANT(bool, fa_head_vec4, FA_FC_HEAD_VEC4)
+FA_FUNCTION_CONSTANT(bool, fa_head_vec16, FA_FC_HEAD_VEC16)
 FA_FUNCTION_CONSTANT(int, fa_score_mods, FA_FC_SCORE_MODS)
-
-typedef simdgroup_matrix<float, 8, 8> fa_frag;
 
 // The storage type T of q, k, v, o, do and the gradients (issue 15): float,
 // half or bfloat (MSL 3.1), a template parameter of every tiled kernel.
-// Staged tiles hold T; fragments, scores, softmax statistics and every
-// accumulator are float32; results are rounded to T once, when written.
-// A tile that must be scaled (the dK/dV kernel's q) takes the scale at
-// staging only when T is float (x * scale is then exactly the float the
-// fragment holds); a 16-bit tile keeps x and its fragment loads multiply,
-// since rounding x * scale to 16 bits would change the scores the backward
-// must recompute bit for bit.
+// Staged tiles hold T as it is in memory. The products take their operands
+// in T (fa_op<T>: simdgroup_half8x8, simdgroup_bfloat8x8 or float8x8) and
+// accumulate in float32 (fa_frag), as llama.cpp's kernel_mul_mm and MFA
+// multiply 16-bit matrices into float ones; scores, softmax statistics and
+// every accumulator are float32; results are rounded to T once, when
+// written.
+typedef simdgroup_matrix<float, 8, 8> fa_frag;
 template <class T>
-struct FaStorage {
-    static FA_INLINE bool scaled_in_tile() { return false; }
+using fa_op = simdgroup_matrix<T, 8, 8>;
+
+// Where each storage type rounds (FaPrecision<T>):
+//  - scale_q: float32 scores are (scale q) . k, q scaled as it is loaded
+//    (README: they stay finite up to D |scale q| |k| < 3.4e38); a 16-bit
+//    q is multiplied unscaled, its products with k exact in float32, and
+//    the score is scale (q . k): scaling q first would round it to 16 bits;
+//  - P, the operand of P V and P^T dO: the probabilities rounded to T
+//    (as MFA rounds them to half), in [0, 1];
+//  - dS, the operand of dS K and dS^T q: bfloat for bfloat16 inputs (as
+//    MFA on Apple9), float32 for float16 inputs, whose range a gradient
+//    can exceed (65504), and for float32.
+template <class T>
+struct FaPrecision {
+    static constexpr bool scale_q() { return false; }
+    typedef T P;
+    typedef T dS;
 };
 template <>
-struct FaStorage<float> {
-    static FA_INLINE bool scaled_in_tile() { return true; }
+struct FaPrecision<float> {
+    static constexpr bool scale_q() { return true; }
+    typedef float P;
+    typedef float dS;
+};
+template <>
+struct FaPrecision<half> {
+    static constexpr bool scale_q() { return false; }
+    typedef half P;
+    typedef float dS;
 };
 
 // The threadgroup's position in the whole launch: its position in the
@@ -89,69 +110,12 @@ FA_INLINE void fa_row_span(constant FlashParams& p, int r0, int n, thread int& l
     hi = min(g0 == g1 ? t1 : p.rows_per_head - 1, p.Tq - 1);
 }
 
-// Two adjacent elements of a row as floats, zero past column n: a
-// fragment's lane elements loaded straight from device memory.
+// Two adjacent elements of a row, zero past column n: a fragment's lane
+// elements loaded straight from device memory.
 template <class T>
-FA_INLINE float2 fa_load_pair(device const T* row, int c, int n) {
-    if (fa_head_full || c + 1 < n) return float2(float(row[c]), float(row[c + 1]));
-    return float2(c < n ? float(row[c]) : 0.0f, 0.0f);
-}
-
-// Four consecutive elements as floats, by one vector load where MSL has
-// the packed type (packed_float4, packed_half4 need only the elements' own
-// alignment); bfloat, which has no packed vector in MSL 3.1, element by
-// element. The C++ side reads them one by one: the same values, without
-// reinterpreting an array as vectors.
-FA_INLINE float4 fa_load4(device const float* p) {
-#ifdef __METAL_VERSION__
-    return float4(*reinterpret_cast<device const packed_float4*>(p));
-#else
-    return float4(p[0], p[1], p[2], p[3]);
-#endif
-}
-FA_INLINE float4 fa_load4(device const half* p) {
-#ifdef __METAL_VERSION__
-    return float4(half4(*reinterpret_cast<device const packed_half4*>(p)));
-#else
-    return float4(float(p[0]), float(p[1]), float(p[2]), float(p[3]));
-#endif
-}
-FA_INLINE float4 fa_load4(device const bfloat* p) {
-    return float4(float(p[0]), float(p[1]), float(p[2]), float(p[3]));
-}
-
-// A fragment of a staged tile: element (r, c) is src[r * ld + c], or with
-// `transpose` src[c * ld + r], as float. A float tile is one simdgroup_load;
-// a 16-bit tile is read by each lane at its two elements (Apple's layout,
-// as fa_lane) and widened, as MLX's steel kernels load theirs: MSL's
-// simdgroup_load moves no type into another, and needs no bfloat matrices.
-// The lane's place is recomputed from `lane` (as simdgroup_load does), not
-// taken from a FaLane kept live: on the gate's proxies that keeps the dQ
-// and dK/dV kernels' registers as the float32 ones (hd64: 128 + spills
-// otherwise, 117 / 127 so).
-FA_ALWAYS_INLINE void fa_load_tile(thread fa_frag& f, threadgroup const float* src, int ld,
-                                   bool transpose, uint lane) {
-    (void)lane;
-    simdgroup_load(f, src, ulong(ld), ulong2(0, 0), transpose);
-}
-template <class T>
-FA_ALWAYS_INLINE void fa_load_tile(thread fa_frag& f, threadgroup const T* src, int ld,
-                                   bool transpose, uint lane) {
-    const uint quad = lane / 4;
-    const uint row = (quad & 4) + (lane / 2) % 4, col = (quad & 2) * 2 + (lane % 2) * 2;
-    FA_UNROLL
-    for (uint i = 0; i < 2; ++i) {
-        const ulong r = transpose ? col + i : row;
-        const ulong c = transpose ? row : col + i;
-        f.thread_elements()[i] = float(src[r * ulong(ld) + c]);
-    }
-}
-
-// A fragment's lane elements times s (1 where the tile already holds the
-// scale: a no-op the compiler removes).
-FA_ALWAYS_INLINE void fa_scale_frag(thread fa_frag& f, float s) {
-    f.thread_elements()[0] *= s;
-    f.thread_elements()[1] *= s;
+FA_INLINE vec<T, 2> fa_load_pair(device const T* row, int c, int n) {
+    if (fa_head_full || c + 1 < n) return vec<T, 2>(row[c], row[c + 1]);
+    return vec<T, 2>(c < n ? row[c] : T(0.0f), T(0.0f));
 }
 
 // Writes the lane's elements of a row of N8 fragments (columns c0 + 8 * n8
@@ -168,49 +132,97 @@ FA_INLINE void fa_store_row(device T* out, const thread fa_frag (&A)[N8], int c0
     }
 }
 
-// Copies `rows` rows of HD columns (the first D of each from `src`, rows
-// `pitch` elements apart, times `scale`; zeros past D and past `rows`) into
-// a staged tile of STAGE rows of pitch FA_LD(HD), in the input's type T
-// (a 16-bit tile is staged with scale 1: FaStorage). All threads of the
-// group take part. Returns whether this thread staged a NaN or an inf.
-template <int HD, int STAGE, class T>
-FA_INLINE bool fa_stage(threadgroup T* tile, device const T* src, fa_long pitch, int rows,
-                        int D, float scale, uint tid) {
-    const int quads = HD / 4;
-    bool nonfinite = false;
-    for (int e = int(tid); e < STAGE * quads; e += FA_THREADS) {
-        const int r = e / quads;
-        const int c = (e - r * quads) * 4;
-        float4 x = float4(0.0f);
-        if (r < rows) {
-            device const T* row = src + fa_long(r) * pitch;
-            if (fa_head_vec4 && c < D) {
-                x = fa_load4(row + c);
-            } else {
-                for (int i = 0; i < 4; ++i) x[i] = c + i < D ? float(row[c + i]) : 0.0f;
-            }
-        }
-        threadgroup T* dst = tile + r * FA_LD(HD) + c;
-        for (int i = 0; i < 4; ++i) {
-            const float y = x[i] * scale;
-            dst[i] = T(y);
-            nonfinite = nonfinite || !isfinite(y);
-        }
-    }
-    return nonfinite;
+// 16 bytes of T, aligned as T: the unit one thread moves per staging step
+// (MLX's BlockLoaderT reads its tiles so). Any row start will do.
+template <class T>
+struct FaVec16 {
+    T e[FA_VEC16(T)];
+};
+
+// dst[0, V) = src[0, V) (V = FA_VEC16(T)): one 16-byte load and store on the
+// GPU. The C++ side (metal-sim, the gate's proxy) copies the elements: the
+// same bytes, without reading an array as a struct.
+template <class T>
+FA_ALWAYS_INLINE void fa_copy16(threadgroup T* dst, device const T* src) {
+#ifdef __METAL_VERSION__
+    *reinterpret_cast<threadgroup FaVec16<T>*>(dst) = *reinterpret_cast<device const FaVec16<T>*>(src);
+#else
+    for (int i = 0; i < FA_VEC16(T); ++i) dst[i] = src[i];
+#endif
+}
+template <class T>
+FA_ALWAYS_INLINE void fa_zero16(threadgroup T* dst) {
+#ifdef __METAL_VERSION__
+    *reinterpret_cast<threadgroup FaVec16<T>*>(dst) = FaVec16<T>{};
+#else
+    for (int i = 0; i < FA_VEC16(T); ++i) dst[i] = T(0.0f);
+#endif
 }
 
-// Whether any thread of the group staged a NaN or an inf: each SIMD group
-// posts its answer before the barrier that ends the staging, and everyone
-// reads all of them after it (`flags` holds one int per SIMD group).
-FA_INLINE void fa_post_nonfinite(threadgroup int* flags, bool mine, uint sg, uint lane) {
-    const int any = simd_max(mine ? 1 : 0);
-    if (lane == 0) flags[sg] = any;
+// Copies `rows` rows of a block (row r at src + r * pitch, its first D
+// elements) into a staged tile of STAGE rows of pitch FA_LD(HD, T), as they
+// are: 16 bytes at a time, no conversion, no scaling, no test of the values
+// (a NaN or inf is found where it matters: fa_leaked, fa_nonfinite). Columns [D, HD) and
+// rows past `rows` are written zero, so padding adds nothing to a product.
+// THREADS threads (the whole group) take part, each moving at most
+// ceil(vectors / THREADS) of them, one after another: the loop is not
+// unrolled, so a thread has one vector in flight and the staging costs the
+// tile loop 4 registers, not 4 per vector (unrolled, the gate's proxy
+// issued every load first and spilled the resident fragments).
+template <int HD, int STAGE, int THREADS, class T>
+FA_INLINE void fa_stage(threadgroup T* tile, device const T* src, fa_long pitch, int rows, int D,
+                        uint tid) {
+    const int V = FA_VEC16(T);
+    const int per_row = HD / V;
+    const int vectors = STAGE * per_row;
+    FA_NO_UNROLL
+    for (int i = 0; i < (vectors + THREADS - 1) / THREADS; ++i) {
+        const int e = i * THREADS + int(tid);
+        if (vectors % THREADS != 0 && e >= vectors) break;
+        const int r = e / per_row;
+        const int c = (e - r * per_row) * V;
+        threadgroup T* dst = tile + r * FA_LD(HD, T) + c;
+        device const T* row = src + fa_long(r) * pitch + c;
+        if (r < rows && (fa_head_vec16 || c + V <= D)) {
+            if (fa_head_full || c < D) fa_copy16(dst, row);
+            else fa_zero16(dst);
+        } else if (r >= rows || c >= D) {
+            fa_zero16(dst);
+        } else {  // the vector holding column D - 1 when D is not a multiple of V
+            for (int k = 0; k < V; ++k) dst[k] = c + k < D ? row[k] : T(0.0f);
+        }
+    }
 }
-FA_INLINE bool fa_any_nonfinite(threadgroup const int* flags) {
-    int any = 0;
-    for (int s = 0; s < FA_SIMDGROUPS; ++s) any |= flags[s];
-    return any != 0;
+
+// Whether the SIMD group's accumulators (N8 fragments) hold a NaN or an inf
+// in a valid row (`mine`): after a tile whose rows do not all see all its
+// columns, a NaN or inf in the operand multiplied may have reached a row
+// through a masked zero (0 * inf = NaN). The forward then runs its tile
+// loop again, taking the exact path (fa_masked_accumulate) for such tiles
+// (the backward decides per tile instead: fa_nonfinite);
+// a NaN that belongs there (a row that sees it) also asks for that pass,
+// which gives the same answer. Uniform across the SIMD group.
+template <int N8>
+FA_INLINE bool fa_leaked(const thread fa_frag (&acc)[N8], bool mine) {
+    bool bad = false;
+    FA_UNROLL
+    for (int n8 = 0; n8 < N8; ++n8)
+        bad = bad || !isfinite(acc[n8].thread_elements()[0]) || !isfinite(acc[n8].thread_elements()[1]);
+    return simd_max(int(bad && mine)) != 0;
+}
+
+// Whether any of the SIMD group's N8 fragments (raw products, before any
+// masking) holds a NaN or an inf: uniform across the SIMD group, so the
+// tile's path (matrix products or fa_masked_accumulate) is too. The
+// backward asks it of the scores and dP of a tile some row does not fully
+// see (a per-tile select, no second pass).
+template <int N8>
+FA_INLINE bool fa_nonfinite(const thread fa_frag (&x)[N8]) {
+    bool bad = false;
+    FA_UNROLL
+    for (int n8 = 0; n8 < N8; ++n8)
+        bad = bad || !isfinite(x[n8].thread_elements()[0]) || !isfinite(x[n8].thread_elements()[1]);
+    return simd_max(int(bad)) != 0;
 }
 
 // The lane holding element (row, col) of a fragment, col even (the inverse
@@ -220,62 +232,38 @@ FA_INLINE ushort fa_lane_of(int row, int col) {
                   ((row & 1) << 1) | ((col >> 1) & 1));
 }
 
-// acc += A B over only the columns k of A (k_first + k as a key or query)
-// that the lane's row sees, [begin, end): the exact path for a masked tile
-// whose B holds a NaN or an inf, where a matrix multiply would give the
-// rows that do not see it 0 * inf = NaN. A is K8 fragments of 8 x 8 (an
-// element at a time, gathered by shuffles), acc N8 fragments of output
-// columns, B the staged rows k at pitch ld from the output's first column,
-// each element times b_scale (FaStorage). Slow, and only taken for such tiles.
-template <int K8, int N8, class T>
-FA_INLINE void fa_masked_accumulate(thread fa_frag (&acc)[N8], const thread fa_frag (&A)[K8],
-                                    threadgroup const T* B, int ld, FaLane at, int k_first,
-                                    int begin, int end, float b_scale) {
-    for (int k = 0; k < K8 * 8; ++k) {
-        // Every lane shuffles (uniform control flow); the value is the
-        // lane's row's element k of A.
-        // (no run-time index into a fragment: that would put it in memory)
-        const ushort src = fa_lane_of(at.row, k & 6);
-        float a = 0.0f;
-        FA_UNROLL
-        for (int k8 = 0; k8 < K8; ++k8) {
-            const float x0 = simd_shuffle(A[k8].thread_elements()[0], src);
-            const float x1 = simd_shuffle(A[k8].thread_elements()[1], src);
-            if (k8 == k / 8) a = (k & 1) ? x1 : x0;
-        }
-        if (k_first + k < begin || k_first + k >= end) continue;
-        threadgroup const T* b = B + k * ld + at.col;
-        FA_UNROLL
-        for (int n8 = 0; n8 < N8; ++n8) {
-            acc[n8].thread_elements()[0] =
-                fma(a, float(b[n8 * 8]) * b_scale, acc[n8].thread_elements()[0]);
-            acc[n8].thread_elements()[1] =
-                fma(a, float(b[n8 * 8 + 1]) * b_scale, acc[n8].thread_elements()[1]);
-        }
-    }
-}
-
 // The 8 x HD rows of one operand that a SIMD group multiplies by, as
-// fragments (frag(d8) is columns 8*d8 .. 8*d8+7), scaled by `scale`. With
-// IN_REGISTERS they are loaded once and live in HD/4 registers per thread;
-// otherwise each frag() loads the lane's two elements again from device
-// memory. Rows the SIMD group does not own (row == 0) are zero.
+// fragments of T (frag(d8) is columns 8*d8 .. 8*d8+7); float rows times
+// `scale` (FaPrecision::scale_q; the others' products are scaled). With IN_REGISTERS they
+// are loaded once and live in registers (HD/4 per thread as float, HD/8 as
+// 16-bit pairs); otherwise each frag() loads the lane's two elements again
+// from device memory. Rows the SIMD group does not own (row == 0) are zero.
 template <int HD, bool IN_REGISTERS, class T>
 struct FaRowFragments;
 
+template <class T>
+FA_ALWAYS_INLINE fa_op<T> fa_row_frag(device const T* row, int c, int D, float scale) {
+    fa_op<T> m;
+    const vec<T, 2> x = row ? fa_load_pair(row, c, D) : vec<T, 2>(T(0.0f), T(0.0f));
+    if (FaPrecision<T>::scale_q()) {
+        m.thread_elements()[0] = T(float(x[0]) * scale);
+        m.thread_elements()[1] = T(float(x[1]) * scale);
+    } else {
+        m.thread_elements()[0] = x[0];
+        m.thread_elements()[1] = x[1];
+    }
+    return m;
+}
+
 template <int HD, class T>
 struct FaRowFragments<HD, true, T> {
-    fa_frag f[HD / 8];
+    fa_op<T> f[HD / 8];
 
     FA_INLINE void load(device const T* row, int col, int D, float scale) {
         FA_UNROLL
-        for (int d8 = 0; d8 < HD / 8; ++d8) {
-            const float2 x = row ? fa_load_pair(row, d8 * 8 + col, D) : float2(0.0f);
-            f[d8].thread_elements()[0] = x[0] * scale;
-            f[d8].thread_elements()[1] = x[1] * scale;
-        }
+        for (int d8 = 0; d8 < HD / 8; ++d8) f[d8] = fa_row_frag(row, d8 * 8 + col, D, scale);
     }
-    FA_INLINE fa_frag frag(int d8) const { return f[d8]; }
+    FA_INLINE fa_op<T> frag(int d8) const { return f[d8]; }
 };
 
 template <int HD, class T>
@@ -287,14 +275,58 @@ struct FaRowFragments<HD, false, T> {
     FA_INLINE void load(device const T* row, int col, int D, float scale) {
         row_ = row, col_ = col, D_ = D, scale_ = scale;
     }
-    FA_INLINE fa_frag frag(int d8) const {
-        const float2 x = row_ ? fa_load_pair(row_, d8 * 8 + col_, D_) : float2(0.0f);
-        fa_frag m;
-        m.thread_elements()[0] = x[0] * scale_;
-        m.thread_elements()[1] = x[1] * scale_;
-        return m;
-    }
+    FA_INLINE fa_op<T> frag(int d8) const { return fa_row_frag(row_, d8 * 8 + col_, D_, scale_); }
 };
+
+// C = A B^T for the SIMD group's 8 rows (A's fragments, of T) against the
+// BK staged rows of `tile` (B, pitch ld): C[k8] is the 8 x 8 block of
+// columns 8*k8 .. 8*k8+7, B^T's fragment (d8, k8) the transposed load of
+// the tile. The sum over D runs in PARTS interleaved partial sums (d8 %
+// PARTS) added at the end, each a float32 chain of HD / PARTS terms.
+// Scores take FA_S_PARTIALS, so a score's rounding error stays within the
+// accuracy rule at score spreads up to 100 (README, accuracy); the forward,
+// dQ and dK/dV kernels all sum S so, and the backward's scores are the
+// forward's, bit for bit. dP = dO V^T takes one chain, as delta = rowsum(dO
+// o) sums (a saturated row's dP - delta is then exactly 0). SCALE_B: B's
+// fragments (float32 q, when A is K) are multiplied by b_scale as they load,
+// as the forward scales q.
+template <int HD, int BK, int PARTS, bool SCALE_B, class Rows, class T>
+FA_ALWAYS_INLINE void fa_rows_times_tile(thread fa_frag (&C)[BK / 8], const thread Rows& A,
+                                  threadgroup const T* tile, int ld, float b_scale) {
+    FA_UNROLL
+    for (int k8 = 0; k8 < BK / 8; ++k8) {
+        fa_frag part[PARTS];
+        FA_UNROLL
+        for (int s = 0; s < PARTS; ++s) part[s] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+        FA_UNROLL
+        for (int d8 = 0; d8 < HD / 8; ++d8) {
+            fa_op<T> bt;
+            simdgroup_load(bt, tile + k8 * 8 * ld + d8 * 8, ulong(ld), ulong2(0, 0), true);
+            if (SCALE_B) {  // float32 only (FaPrecision::scale_q)
+                bt.thread_elements()[0] = T(float(bt.thread_elements()[0]) * b_scale);
+                bt.thread_elements()[1] = T(float(bt.thread_elements()[1]) * b_scale);
+            }
+            simdgroup_multiply_accumulate(part[d8 % PARTS], A.frag(d8), bt, part[d8 % PARTS]);
+        }
+        FA_UNROLL
+        for (int i = 0; i < 2; ++i) {
+            float sum = part[0].thread_elements()[i];
+            FA_UNROLL
+            for (int s = 1; s < PARTS; ++s) sum += part[s].thread_elements()[i];
+            C[k8].thread_elements()[i] = sum;
+        }
+    }
+}
+
+// The lane's scores times the scale (16-bit q: FaPrecision::scale_q).
+template <int N8>
+FA_ALWAYS_INLINE void fa_scale_scores(thread fa_frag (&S)[N8], float scale) {
+    FA_UNROLL
+    for (int n8 = 0; n8 < N8; ++n8) {
+        S[n8].thread_elements()[0] *= scale;
+        S[n8].thread_elements()[1] *= scale;
+    }
+}
 
 // How a SIMD group meets one tile of (its 8 rows) x (a block of columns):
 // not at all, every element visible, or element by element. Decided from
@@ -350,12 +382,38 @@ FA_INLINE FaScoreMods fa_score_mods_of(constant FlashScoreParams& sp, device con
     return m;
 }
 
+// Whether the call's mask hides the score at offset `at` past mods.mask_base:
+// a false entry of a bool mask, a -inf of a float mask (NaN does not hide).
+// A hidden key never reaches the row, whatever its k and v hold (the
+// README's NaN and inf rule): false without a mask.
+FA_INLINE bool fa_mask_hides(FaScoreMods mods, device const uchar* mask, fa_long at) {
+    if (fa_score_mods & FA_SCORE_MASK_BOOL) return mask[mods.mask_base + at] == 0;
+    if (fa_score_mods & FA_SCORE_MASK_FLOAT)
+        return reinterpret_cast<device const float*>(mask)[mods.mask_base + at] == -INFINITY;
+    return false;
+}
+FA_INLINE bool fa_has_mask() {
+    return (fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) != 0;
+}
+
+// The mask as the exact path reads it along a lane's row of a tile: column
+// c of the row is entry mods.mask_base + c * stride; `on` false (no mask,
+// or a kernel that takes no options) hides nothing.
+struct FaMaskRow {
+    FaScoreMods mods;
+    device const uchar* mask;
+    fa_long stride;
+    bool on;
+};
+FA_INLINE bool fa_mask_row_hides(FaMaskRow m, int c) {
+    return m.on && fa_mask_hides(m.mods, m.mask, fa_long(c) * m.stride);
+}
+
 // True when the mask hides every score of a SIMD group's tile from the
 // rows (or keys) its lanes hold, so the tile is skipped as the cpu engine
 // skips it: each lane checks the columns c0 + [0, WIDTH) it meets
 // (col, col + 1 of each 8-column fragment) that its band [begin, end) lets
-// it see, at mask offset mods.mask_base + c * stride. Only a false (bool)
-// or -inf (float) entry hides; NaN does not.
+// it see, at mask offset mods.mask_base + c * stride.
 template <int WIDTH>
 FA_INLINE bool fa_mask_hides_tile(FaScoreMods mods, device const uchar* mask, int c0, int begin,
                                   int end, int col, fa_long stride) {
@@ -366,14 +424,47 @@ FA_INLINE bool fa_mask_hides_tile(FaScoreMods mods, device const uchar* mask, in
         for (int i = 0; i < 2; ++i) {
             const int c = c0 + c8 * 8 + col + i;
             if (c < begin || c >= end) continue;
-            const fa_long at = mods.mask_base + fa_long(c) * stride;
-            if (fa_score_mods & FA_SCORE_MASK_BOOL)
-                visible |= int(mask[at] != 0);
-            else
-                visible |= int(reinterpret_cast<device const float*>(mask)[at] != -INFINITY);
+            visible |= int(!fa_mask_hides(mods, mask, fa_long(c) * stride));
         }
     }
     return simd_max(visible) == 0;
+}
+
+// acc += A B over only the columns k of A (k_first + k as a key or query)
+// that the lane's row sees: in its band [begin, end) and not hidden by the
+// mask (`hidden`). The exact path for a tile whose B holds a NaN or an inf
+// where some row does not see some column: a matrix multiply would give that
+// row 0 * inf = NaN. A is K8 fragments of 8 x 8 (an element at a time,
+// gathered by shuffles), acc N8 fragments of output columns, B the staged
+// rows k at pitch ld from the output's first column. Slow, and only taken
+// for such tiles.
+template <int K8, int N8, class TA, class T>
+FA_INLINE void fa_masked_accumulate(thread fa_frag (&acc)[N8], const thread fa_op<TA> (&A)[K8],
+                                    threadgroup const T* B, int ld, FaLane at, int k_first,
+                                    int begin, int end, FaMaskRow hidden) {
+    for (int k = 0; k < K8 * 8; ++k) {
+        // Every lane shuffles (uniform control flow); the value is the
+        // lane's row's element k of A.
+        // (no run-time index into a fragment: that would put it in memory)
+        const ushort src = fa_lane_of(at.row, k & 6);
+        float a = 0.0f;
+        FA_UNROLL
+        for (int k8 = 0; k8 < K8; ++k8) {
+            const float x0 = simd_shuffle(float(A[k8].thread_elements()[0]), src);
+            const float x1 = simd_shuffle(float(A[k8].thread_elements()[1]), src);
+            if (k8 == k / 8) a = (k & 1) ? x1 : x0;
+        }
+        if (k_first + k < begin || k_first + k >= end) continue;
+        if (fa_mask_row_hides(hidden, k_first + k)) continue;
+        threadgroup const T* b = B + k * ld + at.col;
+        FA_UNROLL
+        for (int n8 = 0; n8 < N8; ++n8) {
+            acc[n8].thread_elements()[0] =
+                fma(a, float(b[n8 * 8]), acc[n8].thread_elements()[0]);
+            acc[n8].thread_elements()[1] =
+                fma(a, float(b[n8 * 8 + 1]), acc[n8].thread_elements()[1]);
+        }
+    }
 }
 
 // The options on the score s of query row t and key j, which the band lets
@@ -390,12 +481,11 @@ FA_INLINE float fa_score_mod(constant FlashParams& p, constant FlashScoreParams&
         dcap = fma(-th, th, 1.0f);
     }
     if (fa_score_mods & FA_SCORE_ALIBI) s = fma(-mods.slope, abs(float(t + p.Tk - p.Tq - j)), s);
-    if (fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) {
-        const fa_long at = mods.mask_base + mask_offset;
-        if (fa_score_mods & FA_SCORE_MASK_BOOL)
-            s = mask[at] != 0 ? s : -INFINITY;
-        else
-            s += reinterpret_cast<device const float*>(mask)[at];
+    if (fa_has_mask()) {
+        if (fa_mask_hides(mods, mask, mask_offset))
+            s = -INFINITY;  // whatever s was: a NaN or +inf score of a hidden key too
+        else if (fa_score_mods & FA_SCORE_MASK_FLOAT)
+            s += reinterpret_cast<device const float*>(mask)[mods.mask_base + mask_offset];
     }
     return s;
 }

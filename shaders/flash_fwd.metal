@@ -6,7 +6,7 @@
 // (and FA_FWD_DCHUNK(HD) columns of o: grid.y = Hkv * HD / chunk)
 // (the packed numbering of FlashParams::rows_per_head: in decode the query
 // heads of a GQA group share the block, so each K/V row is read once per kv
-// head); each SIMD group owns 8 of them. K and V blocks of FA_STAGE(HD) keys
+// head); each SIMD group owns 8 of them. K and V blocks of FA_FWD_STAGE(HD, T) keys
 // are staged in threadgroup memory, zero-padded to the bucket; per block a
 // SIMD group computes S = Q K^T (8 x FA_STAGE fragments), the online softmax
 // on S's fragments (row reductions by two shuffles; exp2 of score
@@ -40,7 +40,7 @@
 #include "flash_device.h"
 
 template <int HD, class T>
-kernel void flash_fwd(device const T* q [[buffer(0)]],
+FA_MAX_THREADS(FA_THREADS) kernel void flash_fwd(device const T* q [[buffer(0)]],
                       device const T* k [[buffer(1)]],
                       device const T* v [[buffer(2)]],
                       device T* o [[buffer(3)]],  // float partial_o with split-KV
@@ -54,11 +54,11 @@ kernel void flash_fwd(device const T* q [[buffer(0)]],
                       uint tid [[thread_index_in_threadgroup]],
                       uint lane [[thread_index_in_simdgroup]],
                       uint sg [[simdgroup_index_in_threadgroup]]) {
-    const int BK = FA_STAGE(HD);
-    const int LD = FA_LD(HD);
-    FA_TG_ARRAY(T, Ks, FA_STAGE(HD) * FA_LD(HD));
-    FA_TG_ARRAY(T, Vs, FA_STAGE(HD) * FA_LD(HD));
-    FA_TG_ARRAY(int, Flags, FA_SIMDGROUPS);
+    const int BK = FA_FWD_STAGE(HD, T);
+    const int LD = FA_LD(HD, T);
+    FA_TG_ARRAY(T, Ks, FA_FWD_STAGE(HD, T) * FA_LD(HD, T));
+    FA_TG_ARRAY(T, Vs, FA_FWD_STAGE(HD, T) * FA_LD(HD, T));
+    FA_TG_ARRAY(int, Again, 1);  // a SIMD group asks for the exact pass (fa_leaked)
 
     const int DC = FA_FWD_DCHUNK(HD);
     const uint3 pos = fa_group_position(grid_pos, p);
@@ -92,112 +92,124 @@ kernel void flash_fwd(device const T* q [[buffer(0)]],
         row_end = min(row_end, group_end);
     }
 
-    FaRowFragments<HD, FA_FWD_Q_IN_REGISTERS(HD), T> Q;
+    FaRowFragments<HD, FA_FWD_Q_IN_REGISTERS(HD, T), T> Q;
     Q.load(row.valid ? q + fa_offset(p.q.b, p.q.t, p.q.h, b, row.t, row.h) : nullptr, at.col, p.D,
            p.scale);
-
-    fa_frag O[DC / 8];
-    FA_UNROLL
-    for (int d8 = 0; d8 < DC / 8; ++d8) O[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-    float m = -FLT_MAX;
-    float l = 0.0f;
-    // A sink is one more logit with a zero value: it starts the row's max
-    // and sum. With split-KV only the first chunk counts it (the merge adds
-    // the chunks' sums, so the sink joins the denominator once).
-    if ((fa_score_mods & FA_SCORE_SINKS) && split == 0 && row.valid && sinks[row.h] != -INFINITY) {
-        m = sinks[row.h];
-        l = 1.0f;
-    }
 
     // Used only with options. A row past the group's heads (row.valid false)
     // takes head 0's: its own slope would be read past the end of the array.
     const FaScoreMods mods =
         fa_score_mods_of(sp, alibi, b, row.valid ? row.h : 0, fa_long(row.t) * sp.mask_i);
+    const bool sink = (fa_score_mods & FA_SCORE_SINKS) && split == 0 && row.valid &&
+                      sinks[row.h] != -INFINITY;
 
     device const T* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
     device const T* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);
-    for (int j0 = group_begin; j0 < group_end; j0 += BK) {
-        const int n = min(BK, group_end - j0);
-        // Nobody may still be reading the previous block.
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        fa_stage<HD, FA_STAGE(HD)>(Ks, k_head + fa_long(j0) * p.k.t, p.k.t, n, p.D, 1.0f, tid);
-        fa_post_nonfinite(Flags, fa_stage<HD, FA_STAGE(HD)>(Vs, v_head + fa_long(j0) * p.v.t, p.v.t,
-                                                            n, p.D, 1.0f, tid), sg, lane);
-        threadgroup_barrier(mem_flags::mem_threadgroup);
+    fa_frag O[DC / 8];
+    float m, l;
+    // Two passes at most: the first multiplies every tile; if a NaN or inf
+    // may have reached a row through a masked zero (fa_leaked), the whole
+    // loop runs again, tiles some row does not fully see taking the exact
+    // path. Only inputs holding a NaN or an inf ever cost the second pass.
+    if (tid == 0) Again[0] = 0;
+    for (bool exact_pass = false;; exact_pass = true) {
+        FA_UNROLL
+        for (int d8 = 0; d8 < DC / 8; ++d8) O[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+        m = -FLT_MAX;
+        l = 0.0f;
+        // A sink is one more logit with a zero value: it starts the row's max
+        // and sum. With split-KV only the first chunk counts it (the merge adds
+        // the chunks' sums, so the sink joins the denominator once).
+        if (sink) {
+            m = sinks[row.h];
+            l = 1.0f;
+        }
+        bool leaked = false;
+        for (int j0 = group_begin; j0 < group_end; j0 += BK) {
+            const int n = min(BK, group_end - j0);
+            // Nobody may still be reading the previous block.
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            fa_stage<HD, FA_FWD_STAGE(HD, T), FA_THREADS>(Ks, k_head + fa_long(j0) * p.k.t, p.k.t, n, p.D,
+                                                   tid);
+            fa_stage<HD, FA_FWD_STAGE(HD, T), FA_THREADS>(Vs, v_head + fa_long(j0) * p.v.t, p.v.t, n, p.D,
+                                                   tid);
+            threadgroup_barrier(mem_flags::mem_threadgroup);
 
-        const FaTile tile = fa_classify(row_begin, row_end, j0, BK);
-        // A NaN or inf in V must not reach the rows that do not see its key.
-        const bool exact = tile == fa_tile_masked && fa_any_nonfinite(Flags);
-        if (tile == fa_tile_skip) continue;
-        if ((fa_score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) &&
-            fa_mask_hides_tile<BK>(mods, mask, j0, row_begin, row_end,
-                                   at.col, sp.mask_j))
-            continue;  // the mask hides this block from the group's rows
+            const FaTile tile = fa_classify(row_begin, row_end, j0, BK);
+            if (tile == fa_tile_skip) continue;
+            if (fa_has_mask() &&
+                fa_mask_hides_tile<BK>(mods, mask, j0, row_begin, row_end, at.col, sp.mask_j))
+                continue;  // the mask hides this block from the group's rows
+            // Some row does not see some key of the tile (cut off by the band,
+            // or hidden by the mask): a NaN or inf in V must not reach it.
+            const bool cut = tile == fa_tile_masked || fa_has_mask();
 
-        // S = Q K^T: K^T's fragment (d8, k8) is the transposed load of Ks.
-        fa_frag S[BK / 8];
-        FA_UNROLL
-        for (int k8 = 0; k8 < BK / 8; ++k8) {
-            S[k8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-            FA_UNROLL
-            for (int d8 = 0; d8 < HD / 8; ++d8) {
-                fa_frag kt;
-                fa_load_tile(kt, Ks + k8 * 8 * LD + d8 * 8, LD, true, lane);
-                simdgroup_multiply_accumulate(S[k8], Q.frag(d8), kt, S[k8]);
-            }
-        }
+            // S = Q K^T, K^T's fragment (d8, k8) the transposed load of Ks.
+            fa_frag S[BK / 8];
+            fa_rows_times_tile<HD, BK, FA_S_PARTIALS, false>(S, Q, Ks, LD, 1.0f);
+            if (!FaPrecision<T>::scale_q()) fa_scale_scores(S, p.scale);
 
-        // Online softmax on the lane's elements of its row.
-        float tile_max = -INFINITY;
-        FA_UNROLL
-        for (int k8 = 0; k8 < BK / 8; ++k8) {
-            FA_UNROLL
-            for (int i = 0; i < 2; ++i) {
-                const int j = j0 + k8 * 8 + at.col + i;
-                float s = S[k8].thread_elements()[i];
-                const bool seen = tile != fa_tile_masked || (j >= row_begin && j < row_end);
-                if (!seen) s = -INFINITY;
-                float dcap;
-                if (fa_score_mods != 0 && seen)
-                    s = fa_score_mod(p, sp, mods, mask, row.t, j, fa_long(j) * sp.mask_j, s, dcap);
-                S[k8].thread_elements()[i] = s;
-                tile_max = max(tile_max, s);
-            }
-        }
-        const float m_new = max(m, fa_row_max(tile_max));
-        const float factor = exp2((m - m_new) * M_LOG2E_F);
-        float tile_sum = 0.0f;
-        FA_UNROLL
-        for (int k8 = 0; k8 < BK / 8; ++k8) {
-            FA_UNROLL
-            for (int i = 0; i < 2; ++i) {
-                const float e = exp2((S[k8].thread_elements()[i] - m_new) * M_LOG2E_F);
-                S[k8].thread_elements()[i] = e;
-                tile_sum += e;
-            }
-        }
-        l = l * factor + fa_row_sum(tile_sum);
-        m = m_new;
-
-        // O = O * factor + P V, on this threadgroup's columns.
-        FA_UNROLL
-        for (int d8 = 0; d8 < DC / 8; ++d8) {
-            O[d8].thread_elements()[0] *= factor;
-            O[d8].thread_elements()[1] *= factor;
-        }
-        if (exact) {
-            fa_masked_accumulate(O, S, Vs + c0, LD, at, j0, row_begin, row_end, 1.0f);
-            continue;
-        }
-        FA_UNROLL
-        for (int d8 = 0; d8 < DC / 8; ++d8) {
+            // Online softmax on the lane's elements of its row.
+            float tile_max = -INFINITY;
             FA_UNROLL
             for (int k8 = 0; k8 < BK / 8; ++k8) {
-                fa_frag vf;
-                fa_load_tile(vf, Vs + k8 * 8 * LD + c0 + d8 * 8, LD, false, lane);
-                simdgroup_multiply_accumulate(O[d8], S[k8], vf, O[d8]);
+                FA_UNROLL
+                for (int i = 0; i < 2; ++i) {
+                    const int j = j0 + k8 * 8 + at.col + i;
+                    float s = S[k8].thread_elements()[i];
+                    const bool seen = tile != fa_tile_masked || (j >= row_begin && j < row_end);
+                    if (!seen) s = -INFINITY;
+                    float dcap;
+                    if (fa_score_mods != 0 && seen)
+                        s = fa_score_mod(p, sp, mods, mask, row.t, j, fa_long(j) * sp.mask_j, s, dcap);
+                    S[k8].thread_elements()[i] = s;
+                    tile_max = max(tile_max, s);
+                }
             }
+            const float m_new = max(m, fa_row_max(tile_max));
+            const float factor = exp2((m - m_new) * M_LOG2E_F);
+            // P, rounded to its operand type (FaPrecision); l sums it
+            // unrounded, so lse is as exact as float32 makes it.
+            fa_op<typename FaPrecision<T>::P> P[BK / 8];
+            float tile_sum = 0.0f;
+            FA_UNROLL
+            for (int k8 = 0; k8 < BK / 8; ++k8) {
+                FA_UNROLL
+                for (int i = 0; i < 2; ++i) {
+                    const float e = exp2((S[k8].thread_elements()[i] - m_new) * M_LOG2E_F);
+                    P[k8].thread_elements()[i] = typename FaPrecision<T>::P(e);
+                    tile_sum += e;
+                }
+            }
+            l = l * factor + fa_row_sum(tile_sum);
+            m = m_new;
+
+            // O = O * factor + P V, on this threadgroup's columns.
+            FA_UNROLL
+            for (int d8 = 0; d8 < DC / 8; ++d8) {
+                O[d8].thread_elements()[0] *= factor;
+                O[d8].thread_elements()[1] *= factor;
+            }
+            if (exact_pass && cut) {
+                fa_masked_accumulate(O, P, Vs + c0, LD, at, j0, row_begin, row_end,
+                                     FaMaskRow{mods, mask, sp.mask_j, fa_has_mask()});
+                continue;
+            }
+            FA_UNROLL
+            for (int d8 = 0; d8 < DC / 8; ++d8) {
+                FA_UNROLL
+                for (int k8 = 0; k8 < BK / 8; ++k8) {
+                    fa_op<T> vf;
+                    simdgroup_load(vf, Vs + k8 * 8 * LD + c0 + d8 * 8, ulong(LD), ulong2(0, 0), false);
+                    simdgroup_multiply_accumulate(O[d8], P[k8], vf, O[d8]);
+                }
+            }
+            if (cut && !exact_pass) leaked = leaked || fa_leaked(O, row.valid);
         }
+        if (exact_pass) break;
+        if (leaked && lane == 0) Again[0] = 1;
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        if (Again[0] == 0) break;
     }
 
     if (!row.valid || c0 + at.col >= p.D) return;

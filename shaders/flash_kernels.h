@@ -35,27 +35,33 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 #define FA_THREADS (FA_SIMDGROUPS * FA_SIMD_WIDTH)
 #define FA_BLOCK_ROWS (FA_SIMDGROUPS * 8)
 
-// Rows of the other operand staged in threadgroup memory per step: keys in
-// the forward and dQ kernels, queries in the dK/dV kernel. Two staged tiles
-// of FA_STAGE(HD) x FA_LD(HD) floats: 9.0, 17.0, 12.5, 16.5, 16.3 KiB.
-#define FA_STAGE(HD) ((HD) <= 64 ? 32 : ((HD) <= 128 ? 16 : 8))
-// The dK/dV kernel stages fewer query rows from hd64 on (its scores S^T and
-// dP^T, FA_DKDV_STAGE/4 registers each, live beside dK and dV): 9.3, 8.8,
-// 12.9, 17.0, 16.7 KiB with the lse and delta rows.
-#define FA_DKDV_STAGE(HD) ((HD) <= 32 ? 32 : FA_STAGE(HD) < 16 ? FA_STAGE(HD) : 16)
-// Row pitch of a staged tile: 4 floats (16 bytes) of padding, as MLX's
-// steel kernels pad, so the rows of a transposed 8x8 load fall in different
-// banks.
-#define FA_LD(HD) ((HD) + 4)
+// Rows of the other operand staged in threadgroup memory per step, by
+// head-size bucket and storage type (sizeof(T): 4 float32, 2 half/bfloat):
+// keys in the forward and dQ kernels, queries in the dK/dV kernel. Each
+// SIMD group holds a tile's scores (and dP, dS) as STAGE/8 fragments, so
+// the stage is what the gate's 128 registers leave room for beside the
+// resident rows and accumulators (docs/metal.md has the table).
+#define FA_FWD_STAGE(HD, T) ((HD) <= 64 ? 32 : ((HD) <= 128 ? 16 : 8))
+#define FA_DQ_STAGE(HD, T) ((HD) <= 32 ? 32 : (HD) <= 64 ? (sizeof(T) == 4 ? 16 : 32) : ((HD) <= 128 ? 16 : 8))
+#define FA_DKDV_STAGE(HD, T) ((HD) <= 32 ? 32 : (HD) <= 128 ? 16 : 8)
+// Row pitch of a staged tile: 16 bytes of padding (4 float32 or 8 16-bit
+// elements), so the rows of a transposed 8x8 load fall in different banks
+// and every row starts 16-byte aligned for the staging's vector stores.
+#define FA_LD(HD, T) ((HD) + int(16 / sizeof(T)))
+// Partial sums of a score over D (fa_scores): 2 halves the length of each
+// float32 rounding chain.
+#define FA_S_PARTIALS 2
+// Elements of the storage type in 16 bytes: the unit staging moves.
+#define FA_VEC16(T) int(16 / sizeof(T))
 
 // Which operand rows a SIMD group keeps as register fragments for the whole
 // kernel (else it reloads them per step from device memory, through the
 // cache): the fragments cost HD/4 registers per thread per operand, and
 // Apple GPUs have at most 128. Forward: Q (and O always); dQ: Q and dO (and
 // dQ); dK/dV: K and V (and dK, dV).
-#define FA_FWD_Q_IN_REGISTERS(HD) ((HD) <= 128)
-#define FA_DQ_ROWS_IN_REGISTERS(HD) ((HD) <= 64)
-#define FA_DKDV_ROWS_IN_REGISTERS(HD) ((HD) <= 32)
+#define FA_FWD_Q_IN_REGISTERS(HD, T) ((HD) <= (sizeof(T) == 4 ? 64 : 128))
+#define FA_DQ_ROWS_IN_REGISTERS(HD, T) ((HD) <= 64)
+#define FA_DKDV_ROWS_IN_REGISTERS(HD, T) ((HD) <= 32)
 // Accumulators (O; dQ; dK and dV) cover at most a chunk of D columns per
 // threadgroup: the full head where the gate finds that it fits in 128
 // registers, else a launch has HD / chunk threadgroups per row block, each
@@ -71,9 +77,25 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // Split-KV decode merges at most this many key ranges (one per lane).
 #define FA_MAX_KV_SPLITS 32
 
+// Occupancy is declared: every tiled kernel (forward, dQ, dK/dV) carries
+// FA_MAX_THREADS(FA_THREADS), [[max_total_threads_per_threadgroup]] on
+// Metal (as MLX's steel attention declares its WM * WN * 32), so the
+// compiler allocates registers for exactly that many threads. The host
+// builds those pipelines with the same N and refuses one whose limit comes
+// out below it (cpp/metal/device.mm; core/plan.h, declared_max_threads,
+// names the kernels); metal-sim refuses a launch above it. The C++ side
+// (metal-sim, the gate's proxy) has no such attribute: nothing there.
+#ifndef FA_MAX_THREADS
+#ifdef __METAL_VERSION__
+#define FA_MAX_THREADS(n) [[max_total_threads_per_threadgroup(n)]]
+#else
+#define FA_MAX_THREADS(n)
+#endif
+#endif
+
 // Function constants (host: cpp/core/plan.cpp, index for index).
 #define FA_FC_HEAD_FULL 0  // bool: D equals the bucket: no column guards
-#define FA_FC_HEAD_VEC4 1  // bool: D % 4 == 0: staging loads move float4s
+#define FA_FC_HEAD_VEC16 1  // bool: D fills whole 16-byte vectors of the dtype (D % 4 == 0 for float32, D % 8 == 0 for 16-bit)
 #define FA_FC_SCORE_MODS 2  // int: FlashParams::score_mods (0: plain attention, none of their code)
 
 // Threadgroup arrays are declared with FA_TG_ARRAY(type, name, count) inside
@@ -93,6 +115,10 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // stays in registers only if every index is a compile-time constant.
 #ifndef FA_UNROLL
 #define FA_UNROLL _Pragma("clang loop unroll(full)")
+#endif
+// A loop kept rolled (the staging's: see fa_stage).
+#ifndef FA_NO_UNROLL
+#define FA_NO_UNROLL _Pragma("clang loop unroll(disable)")
 #endif
 
 // For the small wrappers around simdgroup functions in the tile loops:

@@ -26,6 +26,7 @@
 #include "sim/runtime.h"
 #include "cpu/peak.h"
 #include "cpu/thread_pool.h"
+#include "sim/launcher.h"
 
 namespace flashattn {
 void bind_xla_handlers(nanobind::module_& m);  // cpp/bindings/xla_bindings.cpp (flashattn.jax)
@@ -419,6 +420,28 @@ NB_MODULE(_core, m) {
     // Microseconds per parallel_for of empty tasks: the pool's wake-up cost.
     m.def("_cpu_pool_wakeup_us", &cpu::pool_wakeup_us, nb::arg("calls"),
           nb::call_guard<nb::gil_scoped_release>());
+    // metal-sim's operation counts (sim/launcher.h): the cost model of
+    // docs/metal.md (bench/metal_model.py) is checked against them.
+    // _sim_op_counts(): the totals; _sim_op_counts(True): per kernel host name.
+    m.def(
+        "_sim_op_counts",
+        [](bool by_kernel) -> nb::object {
+            auto as_dict = [](const sim::OpCounts& c) {
+                nb::dict d;
+                d["mma"] = c.mma;
+                d["matrix_loads"] = c.matrix_loads;
+                d["matrix_stores"] = c.matrix_stores;
+                d["simd_exchanges"] = c.simd_exchanges;
+                d["barriers"] = c.barriers;
+                return d;
+            };
+            if (!by_kernel) return as_dict(sim::op_counts());
+            nb::dict all;
+            for (const auto& [name, c] : sim::op_counts_by_kernel()) all[name.c_str()] = as_dict(c);
+            return all;
+        },
+        nb::arg("by_kernel") = false);
+    m.def("_sim_reset_op_counts", &sim::reset_op_counts);
     // The pool's record of its calls (FLASHATTN_CPU_PROFILE=1): per call
     // [tasks, threads, wall s, busy s summed over threads, longest task s].
     m.def("_cpu_pool_profile", [] {

@@ -43,6 +43,13 @@ const char* kernel_dtype(DType dtype) {
     throw std::invalid_argument("kernel_dtype: unknown dtype " + std::to_string(int(dtype)));
 }
 
+uint32_t declared_max_threads(const std::string& kernel) {
+    auto starts = [&](const char* prefix) { return kernel.rfind(prefix, 0) == 0; };
+    const bool tiled = starts("flash_bwd_dq_") || starts("flash_bwd_dkdv_") ||
+                       (starts("flash_fwd_") && kernel.find("_hd") != std::string::npos);
+    return tiled ? uint32_t(FA_THREADS) : 0;
+}
+
 namespace {
 
 uint32_t blocks(int64_t rows, int64_t per_block) {
@@ -69,9 +76,11 @@ FunctionConstant boolean(uint16_t index, bool value) {
     return {index, FunctionConstant::Type::boolean, value ? 1u : 0u};
 }
 
-// The specialisation every tiled kernel of a call shares.
-std::vector<FunctionConstant> head_constants(const FlashParams& p, int bucket) {
-    return {boolean(FA_FC_HEAD_FULL, p.D == bucket), boolean(FA_FC_HEAD_VEC4, p.D % 4 == 0),
+// The specialisation every tiled kernel of a call shares; staging moves
+// 16-byte vectors of the dtype (4 float32, 8 float16 or bfloat16 elements).
+std::vector<FunctionConstant> head_constants(const FlashParams& p, int bucket, DType dtype) {
+    const int vec16 = dtype == DType::f32 ? 4 : 8;
+    return {boolean(FA_FC_HEAD_FULL, p.D == bucket), boolean(FA_FC_HEAD_VEC16, p.D % vec16 == 0),
             {FA_FC_SCORE_MODS, FunctionConstant::Type::int32, uint32_t(p.score_mods)}};
 }
 
@@ -124,7 +133,7 @@ Plan plan_forward(const FlashParams& p, DType dtype, const GpuInfo& gpu) {
         plan.launches.push_back(Launch{name,
                                        {Slot::q, Slot::k, Slot::v, Slot::o, Slot::lse, Slot::params,
                                         Slot::score, Slot::alibi, Slot::mask, Slot::sinks},
-                                       grid, kTiled, head_constants(p, bucket)});
+                                       grid, kTiled, head_constants(p, bucket, dtype)});
         return plan;
     }
     // Each chunk's normalised o (float32 whatever the dtype) and lse, then
@@ -136,7 +145,7 @@ Plan plan_forward(const FlashParams& p, DType dtype, const GpuInfo& gpu) {
         name,
         {Slot::q, Slot::k, Slot::v, Slot::partial_o, Slot::partial_lse, Slot::params, Slot::score,
          Slot::alibi, Slot::mask, Slot::sinks},
-        grid, kTiled, head_constants(p, bucket)});
+        grid, kTiled, head_constants(p, bucket, dtype)});
     plan.launches.push_back(Launch{"flash_fwd_merge_" + dt,
                                    {Slot::partial_o, Slot::partial_lse, Slot::o, Slot::lse, Slot::params},
                                    Dim3{blocks(rows, FA_MERGE_ROWS_PER_GROUP), 1, 1},
@@ -169,7 +178,7 @@ Plan plan_backward(const FlashParams& p, DType dtype) {
         Dim3{blocks(int64_t(p.group) * plan.params.rows_per_head, FA_BLOCK_ROWS),
              uint32_t(p.Hkv) * uint32_t(bucket / FA_DQ_DCHUNK(bucket)), uint32_t(p.B)},
         kTiled,
-        head_constants(p, bucket),
+        head_constants(p, bucket, dtype),
     });
     // With score options the hd32 dK/dV kernel would spill registers (the
     // GPU gate's budget): such calls take the hd64 one, zero columns and all.
@@ -181,7 +190,7 @@ Plan plan_backward(const FlashParams& p, DType dtype) {
          Slot::params, Slot::score, Slot::alibi, Slot::mask, Slot::sinks},
         Dim3{blocks(p.Tk, FA_BLOCK_ROWS), uint32_t(p.Hkv) * chunks, uint32_t(p.B)},
         kTiled,
-        head_constants(p, dkdv_bucket),
+        head_constants(p, dkdv_bucket, dtype),
     });
     return plan;
 }

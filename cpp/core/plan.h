@@ -82,4 +82,12 @@ Plan plan_backward(const FlashParams& p, DType dtype = DType::f32);
 // The kernels' name for a storage type: "f32", "f16", "bf16" (FA_STORAGE_TYPES).
 const char* kernel_dtype(DType dtype);
 
+// The threads per threadgroup a kernel declares with
+// [[max_total_threads_per_threadgroup(N)]] (FA_MAX_THREADS in the .metal
+// sources): FA_THREADS for the tiled kernels (flash_fwd_*_hd*,
+// flash_bwd_dq_*, flash_bwd_dkdv_*), 0 for a kernel that declares none.
+// The metal host builds such a kernel's pipeline with the same N and refuses
+// one whose limit comes out below it; metal-sim refuses a launch above it.
+uint32_t declared_max_threads(const std::string& kernel);
+
 }  // namespace flashattn

@@ -260,7 +260,30 @@ id<MTLComputePipelineState> Device::pipeline(const std::string& kernel,
             function = [library_ newFunctionWithName:name constantValues:values error:&error];
             if (!function) failure = describe(error);
         }
-        if (function) {
+        // A kernel that declares [[max_total_threads_per_threadgroup(N)]] is
+        // built for exactly N threads (the compiler may then give each thread
+        // more registers); a limit below N would fail the plan's launches.
+        const uint32_t declared = declared_max_threads(kernel);
+        if (function && declared) {
+            MTLComputePipelineDescriptor* descriptor = [[MTLComputePipelineDescriptor alloc] init];
+            descriptor.computeFunction = function;
+            descriptor.maxTotalThreadsPerThreadgroup = declared;
+            descriptor.label = name;
+            state = [device_ newComputePipelineStateWithDescriptor:descriptor
+                                                           options:MTLPipelineOptionNone
+                                                        reflection:nil
+                                                             error:&error];
+            if (!state) {
+                failure = describe(error);
+            } else if (state.maxTotalThreadsPerThreadgroup < declared) {
+                failure = "this device gives it at most " +
+                          std::to_string(state.maxTotalThreadsPerThreadgroup) +
+                          " threads per threadgroup, below the " + std::to_string(declared) +
+                          " it declares (max_total_threads_per_threadgroup): its registers or "
+                          "threadgroup memory do not fit that many threads";
+                state = nil;
+            }
+        } else if (function) {
             state = [device_ newComputePipelineStateWithFunction:function error:&error];
             if (!state) failure = describe(error);
         }

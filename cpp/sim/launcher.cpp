@@ -532,11 +532,21 @@ void set_function_constants(const std::string& kernel, const std::vector<Functio
 
 }  // namespace
 
+namespace {
+void tally_kernel(const std::string& name, const OpCounts& before);
+}  // namespace
+
 void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 grid, Dim3 group,
                 const std::vector<FunctionConstant>& constants) {
+    const uint64_t threads = uint64_t(group.x) * group.y * group.z;
+    // [[max_total_threads_per_threadgroup(N)]] (FA_MAX_THREADS): Metal refuses
+    // a dispatch above the pipeline's limit, which is N for such a kernel.
+    if (const uint32_t declared = declared_max_threads(kernel.name); declared && threads > declared)
+        throw std::runtime_error("metal-sim: " + kernel.name + ": " + std::to_string(threads) +
+                                 " threads per threadgroup, above the " + std::to_string(declared) +
+                                 " its max_total_threads_per_threadgroup declares");
     const std::string why = kernel.check(buffers);
     if (!why.empty()) throw std::runtime_error("metal-sim: " + kernel.name + ": " + why);
-    const uint64_t threads = uint64_t(group.x) * group.y * group.z;
     if (threads == 0 || threads > kMaxThreadsPerGroup)
         throw std::runtime_error("metal-sim: " + kernel.name + ": " + std::to_string(threads) +
                                  " threads per threadgroup (must be 1.." +
@@ -552,7 +562,9 @@ void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 
     const Launching launching;
     set_function_constants(kernel.name, constants);
     LaunchState state(kernel, buffers, grid, group);
+    const OpCounts before = op_counts();
     state.run();
+    tally_kernel(kernel.name, before);  // one launch at a time: the difference is this launch's
 }
 
 const char* execution_mode() { return LaunchState::fibers_enabled() ? "fibers" : "threads"; }
@@ -587,6 +599,46 @@ void run_plan(const Plan& plan, const SlotPointers& call_slots) {
     }
 }
 
+namespace {
+std::atomic<uint64_t> g_counts[5];
+std::mutex g_by_kernel_mutex;
+std::map<std::string, OpCounts> g_by_kernel;
+
+void tally_kernel(const std::string& name, const OpCounts& before) {
+    const OpCounts now = op_counts();
+    std::lock_guard<std::mutex> lock(g_by_kernel_mutex);
+    OpCounts& k = g_by_kernel[name];
+    k.mma += now.mma - before.mma;
+    k.matrix_loads += now.matrix_loads - before.matrix_loads;
+    k.matrix_stores += now.matrix_stores - before.matrix_stores;
+    k.simd_exchanges += now.simd_exchanges - before.simd_exchanges;
+    k.barriers += now.barriers - before.barriers;
+}
+}  // namespace
+
+OpCounts op_counts() {
+    OpCounts c;
+    c.mma = g_counts[size_t(fa_sim::Op::mma)].load();
+    c.matrix_loads = g_counts[size_t(fa_sim::Op::matrix_load)].load();
+    c.matrix_stores = g_counts[size_t(fa_sim::Op::matrix_store)].load();
+    c.simd_exchanges = g_counts[size_t(fa_sim::Op::simd_exchange)].load();
+    c.barriers = g_counts[size_t(fa_sim::Op::barrier)].load();
+    return c;
+}
+
+void reset_op_counts() {
+    for (auto& c : g_counts) c.store(0);
+    std::lock_guard<std::mutex> lock(g_by_kernel_mutex);
+    g_by_kernel.clear();
+}
+
+std::map<std::string, OpCounts> op_counts_by_kernel() {
+    std::lock_guard<std::mutex> lock(g_by_kernel_mutex);
+    return g_by_kernel;
+}
+
+void count(fa_sim::Op op) { g_counts[size_t(op)].fetch_add(1, std::memory_order_relaxed); }
+
 }  // namespace flashattn::sim
 
 // The runtime the shim's kernels call (runtime.h).
@@ -602,11 +654,17 @@ static LaunchState::Ctx& ctx() {
 
 void threadgroup_barrier() {
     auto& c = ctx();
+    if (c.tid == 0) flashattn::sim::count(Op::barrier);
     c.launch->barrier(c.barriers);
+}
+
+void count_op(Op op) {
+    if (ctx().tid % kSimdWidth == 0) flashattn::sim::count(op);
 }
 
 void simd_exchange(const void* value, std::size_t bytes, void* lanes_out, unsigned* active_lanes) {
     auto& c = ctx();
+    if (c.tid % kSimdWidth == 0) flashattn::sim::count(Op::simd_exchange);
     c.launch->simd_exchange(c.tid, c.simd_ops, value, bytes, lanes_out, active_lanes);
 }
 

@@ -4,6 +4,7 @@
 #pragma once
 #include <array>
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -52,6 +53,20 @@ void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 
 // "fibers" or "threads": how launches run their GPU threads (launcher.cpp).
 // Fibers on Linux unless the build has a sanitizer or FLASHATTN_SIM_THREADS=1.
 const char* execution_mode();
+
+// What the kernels did since reset_op_counts(): matrix multiply-accumulates,
+// simdgroup_load and simdgroup_store calls and SIMD-group exchanges counted
+// once per SIMD group, threadgroup barriers once per threadgroup
+// (runtime.h, count_op). The inputs of docs/metal.md's cost model, which
+// tests/python/test_metal_model.py checks against them.
+struct OpCounts {
+    uint64_t mma = 0, matrix_loads = 0, matrix_stores = 0, simd_exchanges = 0, barriers = 0;
+};
+OpCounts op_counts();
+void reset_op_counts();
+// The same per kernel (host name), since reset_op_counts(): launches run one
+// at a time (run_launch holds a lock), so each launch's counts are its own.
+std::map<std::string, OpCounts> op_counts_by_kernel();
 
 // Runs every launch of a plan; slots[s] is the memory bound to Slot s
 // (Slot::params is taken from plan.params, the plan's scratch is allocated here).

@@ -49,6 +49,14 @@ void set_lane_map_fault(bool on);
 void register_function_constant(unsigned index, std::size_t bytes, bool is_float, void* value,
                                 bool* defined);
 
+// The operations docs/metal.md's cost model counts, tallied per launch by
+// the launcher (launcher.h, op_counts): per SIMD group (a matrix
+// multiply-accumulate, a simdgroup_load, a simdgroup_store, a SIMD-group
+// exchange: shuffle or reduction) or per threadgroup (a barrier). The shim
+// calls count_op from every lane; lane 0 (thread 0 for a barrier) counts.
+enum class Op { mma, matrix_load, matrix_store, simd_exchange, barrier };
+void count_op(Op op);
+
 // Called from a kernel's threadgroup array declaration: lets the launcher
 // check the 32 KiB limit and poison the array between threadgroups, so no
 // group can read what another group left behind.

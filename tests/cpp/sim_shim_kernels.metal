@@ -1,7 +1,8 @@
 // Small kernels that pin down metal-sim's <metal_stdlib> stand-ins for what
 // the tiled kernels use (test_sim_shim): simdgroup_matrix layout, loads and
-// stores with pitch, origin and transpose, multiply-accumulate, filled
-// matrices, function constants, NaN-aware simd_max / simd_min.
+// stores with pitch, origin and transpose, multiply-accumulate (float, and
+// the mixed half / bfloat / float products), filled matrices, function
+// constants, NaN-aware simd_max / simd_min.
 #include <metal_stdlib>
 
 using namespace metal;
@@ -54,6 +55,39 @@ kernel void matrix_multiply(device const float* a [[buffer(0)]],
     simdgroup_store(md, d);
     simdgroup_store(me, e);
     simdgroup_store(make_filled_simdgroup_matrix<float, 8, 8>(0.5f), f);
+}
+
+// The mixed-type products of the 16-bit kernels (MSL lets a product's
+// operand types differ from each other and from the result's, as
+// llama.cpp's kernel_mul_mm multiplies half matrices into float ones):
+// d16 = a b + c with a, b half, c and d16 float; dbf likewise with bfloat;
+// dpv = p v with p float, v half (llama.cpp's P V); h = a b, a half result,
+// rounded once. 8x8 row-major.
+kernel void matrix_multiply_mixed(device const half* ah [[buffer(0)]],
+                                  device const half* bh [[buffer(1)]],
+                                  device const bfloat* abf [[buffer(2)]],
+                                  device const bfloat* bbf [[buffer(3)]],
+                                  device const float* c [[buffer(4)]],
+                                  device float* d16 [[buffer(5)]],
+                                  device float* dbf [[buffer(6)]],
+                                  device float* dpv [[buffer(7)]],
+                                  device half* h [[buffer(8)]]) {
+    simdgroup_half8x8 a16, b16, h16;
+    simdgroup_bfloat8x8 abfm, bbfm;
+    simdgroup_float8x8 mc, md, mp;
+    simdgroup_load(a16, ah);
+    simdgroup_load(b16, bh);
+    simdgroup_load(abfm, abf);
+    simdgroup_load(bbfm, bbf);
+    simdgroup_load(mc, c);
+    simdgroup_multiply_accumulate(md, a16, b16, mc);
+    simdgroup_store(md, d16);
+    simdgroup_multiply_accumulate(md, abfm, bbfm, mc);
+    simdgroup_store(md, dbf);
+    simdgroup_multiply(mp, mc, b16);
+    simdgroup_store(mp, dpv);
+    simdgroup_multiply(h16, a16, b16);
+    simdgroup_store(h16, h);
 }
 
 kernel void function_constants(device float* out [[buffer(0)]],

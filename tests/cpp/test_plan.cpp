@@ -49,12 +49,18 @@ int main() {
                                               Slot::score, Slot::alibi, Slot::mask, Slot::sinks}));
         CHECK(same(l.grid, 4 * 4, 2, 2));  // 4 heads per kv head x 4 blocks of 32 rows
         CHECK(same(l.threadgroup, FA_THREADS, 1, 1));
-        CHECK(has_constant(l, FA_FC_HEAD_FULL, 1) && has_constant(l, FA_FC_HEAD_VEC4, 1));
+        CHECK(has_constant(l, FA_FC_HEAD_FULL, 1) && has_constant(l, FA_FC_HEAD_VEC16, 1));
     }
-    // Function constants: D below its bucket, D not a multiple of 4.
+    // Function constants: D below its bucket, D not a multiple of 4; D = 60
+    // fills 16-byte vectors of float32 (4) but not of 16-bit types (8).
     {
         const Launch l = plan_forward(params(1, 40, 40, 1, 1, 59)).launches[0];
-        CHECK(has_constant(l, FA_FC_HEAD_FULL, 0) && has_constant(l, FA_FC_HEAD_VEC4, 0));
+        CHECK(has_constant(l, FA_FC_HEAD_FULL, 0) && has_constant(l, FA_FC_HEAD_VEC16, 0));
+        CHECK(has_constant(plan_forward(params(1, 40, 40, 1, 1, 60)).launches[0], FA_FC_HEAD_VEC16, 1));
+        CHECK(has_constant(plan_forward(params(1, 40, 40, 1, 1, 60), DType::f16).launches[0],
+                           FA_FC_HEAD_VEC16, 0));
+        CHECK(has_constant(plan_forward(params(1, 40, 40, 1, 1, 56), DType::bf16).launches[0],
+                           FA_FC_HEAD_VEC16, 1));
     }
     // Short queries pack the heads of a GQA group into shared blocks.
     {
@@ -179,5 +185,26 @@ int main() {
 
     CHECK(std::string(slot_name(Slot::delta)) == "delta");
     CHECK(std::string(slot_name(Slot::params)) == "params");
+    // Declared occupancy: every tiled kernel a plan launches declares
+    // max_total_threads_per_threadgroup(N) with N its threadgroup size (the
+    // host builds its pipeline for N); the O(T D) kernels declare none.
+    {
+        int tiled = 0;
+        for (DType dt : {DType::f32, DType::f16, DType::bf16})
+            for (int D = 1; D <= 256; D += 7)
+                for (const Plan& plan : {plan_forward(params(1, 40, 300, 4, 2, D), dt),
+                                         plan_forward(params(1, 1, 4096, 4, 2, D), dt),
+                                         plan_backward(params(1, 40, 300, 4, 2, D), dt)})
+                    for (const Launch& l : plan.launches) {
+                        const uint32_t n = declared_max_threads(l.kernel);
+                        const bool is_tiled = l.kernel.rfind("flash_fwd_merge", 0) != 0 &&
+                                              l.kernel.rfind("flash_bwd_preprocess", 0) != 0;
+                        CHECK(n == (is_tiled ? l.threadgroup.x * l.threadgroup.y * l.threadgroup.z : 0u));
+                        tiled += is_tiled;
+                    }
+        CHECK(tiled > 0);
+        CHECK(declared_max_threads("flash_fwd_merge_bf16") == 0);
+        CHECK(declared_max_threads("flash_bwd_dkdv_f32_hd128") == FA_THREADS);
+    }
     return flashattn_test::finish("test_plan");
 }

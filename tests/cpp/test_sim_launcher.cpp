@@ -147,5 +147,18 @@ int main() {
         CHECK(kernels().size() == 3 * (2 + 5 * 3) + 1);
         CHECK(find_kernel("flash_fwd_f32_hd48") == nullptr);
     }
+    // A tiled kernel declares max_total_threads_per_threadgroup(FA_THREADS):
+    // a launch of more threads is refused, naming the kernel, before anything
+    // runs (Metal refuses a dispatch above the pipeline's limit).
+    {
+        std::string e;
+        try {
+            run_launch(*find_kernel("flash_fwd_f16_hd64"), {}, Dim3{1, 1, 1}, Dim3{512, 1, 1});  // 4 x FA_THREADS
+        } catch (const std::runtime_error& x) {
+            e = x.what();
+        }
+        CHECK(e.find("flash_fwd_f16_hd64") != std::string::npos &&
+              e.find("max_total_threads_per_threadgroup") != std::string::npos);
+    }
     return flashattn_test::finish("test_sim_launcher");
 }

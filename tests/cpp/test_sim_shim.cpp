@@ -129,6 +129,42 @@ int main() {
         for (int i = 0; i < 32; ++i) nan += std::isnan(d[size_t(i)]);
         CHECK(nan == 32);
     }
+    // Mixed types: 16-bit operands, float32 accumulation. A product of two
+    // half (or two bfloat) values is exact in float32 (11 + 11 and 8 + 8
+    // significant bits fit its 24): (1 + 2^-10)^2 = 1 + 2^-9 + 2^-20 must come
+    // out whole, not rounded to the operand type; a half result is the
+    // float32 sum rounded to half once.
+    {
+        using metal::half;
+        using metal::bfloat;
+        std::vector<half> ah(64, half(0.0f)), bh(64, half(0.0f)), h(64, half(-1.0f));
+        std::vector<bfloat> abf(64, bfloat(0.0f)), bbf(64, bfloat(0.0f));
+        std::vector<float> c(64, 0.0f), d16(64), dbf(64), dpv(64);
+        for (int i = 0; i < 8; ++i) {  // a and b: one nonzero k (k = i) per row and column
+            ah[size_t(i * 8 + i)] = half(1.0f + 0x1p-10f);
+            bh[size_t(i * 8 + i)] = half(1.0f + 0x1p-10f);
+            abf[size_t(i * 8 + i)] = bfloat(1.0f + 0x1p-7f);
+            bbf[size_t(i * 8 + i)] = bfloat(1.0f + 0x1p-7f);
+            c[size_t(i * 8 + i)] = i < 7 ? 1.0f / 3.0f : 0.0f;
+        }
+        c[1] = 0.25f;  // an off-diagonal c: d = c there
+        auto ptr = [](auto& v) { return Binding{v.data(), false}; };
+        run_launch(make_kernel("matrix_multiply_mixed", &matrix_multiply_mixed),
+                   {ptr(ah), ptr(bh), ptr(abf), ptr(bbf), ptr(c), ptr(d16), ptr(dbf), ptr(dpv), ptr(h)},
+                   kOneGroup, kOneSimdGroup);
+        const float third = 1.0f / 3.0f;
+        for (int i = 0; i < 7; ++i) {
+            const size_t ii = size_t(i * 8 + i);
+            CHECK(d16[ii] == std::fma(1.0f + 0x1p-10f, 1.0f + 0x1p-10f, third));
+            CHECK(dbf[ii] == std::fma(1.0f + 0x1p-7f, 1.0f + 0x1p-7f, third));
+            CHECK(dpv[ii] == third * (1.0f + 0x1p-10f));   // float times half, rounded once
+            CHECK(float(h[ii]) == float(half(1.0f + 0x1p-9f + 0x1p-20f)));  // rounded once, to half
+        }
+        CHECK(d16[1] == 0.25f && dbf[1] == 0.25f && d16[2] == 0.0f);
+        // c = 0: the product alone, whole (as a half it would be 1 + 2^-9).
+        CHECK(d16[63] == 1.0f + 0x1p-9f + 0x1p-20f && dbf[63] == 1.0f + 0x1p-6f + 0x1p-14f);
+        CHECK(float(h[63]) == 1.0f + 0x1p-9f);
+    }
     // Function constants: the launch's values, by index; missing or mistyped ones are errors.
     {
         const Kernel k = make_kernel("function_constants", &function_constants);

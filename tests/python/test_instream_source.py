@@ -57,6 +57,26 @@ def test_mlx_body_is_the_templates_body_with_its_parameters_bound(shaders):
     assert spec.name == "flashattn_flash_bwd_dq_f16_hd96_fc1_0_21"
 
 
+def test_tiled_kernels_declare_their_threadgroup_size(shaders):
+    """Every tiled kernel template declares FA_MAX_THREADS(FA_THREADS)
+    ([[max_total_threads_per_threadgroup]] on Metal), the N the host builds
+    its pipeline for (core::declared_max_threads); the parser keeps the
+    template (its parameters) and the torch source keeps the attribute."""
+    tiled = {"flash_fwd", "flash_bwd_dq", "flash_bwd_dkdv"}
+    seen = set()
+    for inst in shaders.instances.values():
+        k = inst.kernel
+        head = k.definition[:k.definition.index(k.name + "(")]
+        declares = "FA_MAX_THREADS(FA_THREADS)" in head
+        assert declares == (k.name in tiled), (k.name, head)
+        if k.name in tiled:
+            assert [n for _, n in k.template_params] == ["HD", "T"], k.name
+            seen.add(k.name)
+    assert seen == tiled
+    assert "FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(" in \
+        shaders.torch_source("flash_bwd_dq_f16_hd64", CONSTANTS)
+
+
 def test_torch_source_is_the_template_unchanged_and_one_instantiation(shaders):
     text = shaders.torch_source("flash_fwd_bf16_hd128", CONSTANTS)
     inst = shaders.instance("flash_fwd_bf16_hd128")

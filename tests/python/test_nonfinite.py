@@ -70,14 +70,7 @@ def _assert_clean(backend, name, got, ref64, base32, clean, factor, dtype, out_d
 @pytest.mark.parametrize("hidden_by", ["band", "bool mask", "float mask"])
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf], ids=["nan", "inf", "-inf"])
 @pytest.mark.parametrize("where", ["q", "k", "v", "do"])
-def test_nonfinite_input_reaches_only_what_it_touches(request, backend, dtype, where, value,
-                                                      hidden_by):
-    if backend in ("metal", "metal-sim"):
-        # Known failure (docs/semantics.md): the kernels that keep the rule in
-        # the backward exceed the GPU resource gate's registers (issue 30).
-        request.applymarker(pytest.mark.xfail(
-            reason="metal kernels: the backward's NaN/inf rule waits on issue 30 (GPU gate)",
-            strict=False))
+def test_nonfinite_input_reaches_only_what_it_touches(backend, dtype, where, value, hidden_by):
     case = BAND if hidden_by == "band" else MASKED
     opts = case.opts()
     visible = fa.reference.visible_keys(case.Tq, case.Tk, **opts)

@@ -70,6 +70,7 @@ void simdgroup_load(simdgroup_matrix<T, 8, 8>& d, P src, unsigned long elements_
     static_assert(std::is_same<typename std::remove_cv<typename std::remove_pointer<P>::type>::type, T>::value,
                   "simdgroup_load: the pointer's element type must be the matrix's");
 #endif
+    ::fa_sim::count_op(::fa_sim::Op::matrix_load);
     const auto at = simdgroup_detail::coord(::fa_sim::simd_lane());
     for (unsigned i = 0; i < 2; ++i) {
         const unsigned long r = transpose_matrix ? at.col + i : at.row;
@@ -81,6 +82,7 @@ void simdgroup_load(simdgroup_matrix<T, 8, 8>& d, P src, unsigned long elements_
 template <class T, class P>
 void simdgroup_store(const simdgroup_matrix<T, 8, 8>& a, P dst, unsigned long elements_per_row = 8,
                      ulong2 matrix_origin = ulong2(0, 0), bool transpose_matrix = false) {
+    ::fa_sim::count_op(::fa_sim::Op::matrix_store);
     const auto at = simdgroup_detail::coord(::fa_sim::simd_lane());
     for (unsigned i = 0; i < 2; ++i) {
         const unsigned long r = transpose_matrix ? at.col + i : at.row;
@@ -140,6 +142,7 @@ void simdgroup_multiply_accumulate(simdgroup_matrix<T, 8, 8>& d, const simdgroup
                                           {float(b.elements.x), float(b.elements.y)},
                                           {float(c.elements.x), float(c.elements.y)}};
     simdgroup_detail::MmaResult result;
+    ::fa_sim::count_op(::fa_sim::Op::mma);
     ::fa_sim::simd_collective(&mine, sizeof mine, &simdgroup_detail::mma_combine, &result,
                               sizeof result);
     d.elements[0] = T(result.d[0]);

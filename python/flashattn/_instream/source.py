@@ -221,7 +221,12 @@ def _split_top(text: str, sep: str = ",") -> list[str]:
 
 # ---- Kernel definitions.
 
+# A kernel definition: an optional template head, an optional
+# FA_MAX_THREADS(n) (its declared threadgroup size: kept in the torch
+# source, which compiles the template unchanged; MLX's metal_kernel writes
+# its own signature, which cannot carry it), then `kernel void name(`.
 _KERNEL = re.compile(r"(?:\btemplate\s*<(?P<tparams>[^<>]*)>\s*)?"
+                     r"(?:\bFA_MAX_THREADS\s*\([^()]*\)\s*)?"
                      r"(?:\[\[\s*kernel\s*\]\]|\bkernel)\s+void\s+(?P<name>\w+)\s*\(")
 _ATTR = re.compile(r"\[\[\s*(\w+)\s*(?:\(\s*(\d+)\s*\))?\s*\]\]")
 

@@ -35,14 +35,30 @@ FA_GATE_DEVICE MatrixCoord matrix_coord() {
     return MatrixCoord{(q & 4u) + (lane / 2) % 4, (q & 2u) * 2 + (lane % 2) * 2};
 }
 
-// A fragment as the two 32-bit registers the asm sees (a 16-bit element
-// widened to float: at most one register more than Apple's packed pair).
+// A fragment as the 32-bit registers the asm sees: two for float elements;
+// for half and bfloat the lane's pair packed in one register, as Apple's
+// register file holds 16-bit pairs (r0 and r1 are then the same value, which
+// the compiler keeps in one register).
 struct Regs {
-    float r0, r1;
+    unsigned r0, r1;
 };
+FA_GATE_DEVICE Regs regs(const metal::simdgroup_matrix<float, 8, 8>& m) {
+    return Regs{__builtin_bit_cast(unsigned, m.elements[0]), __builtin_bit_cast(unsigned, m.elements[1])};
+}
 template <class T>
 FA_GATE_DEVICE Regs regs(const metal::simdgroup_matrix<T, 8, 8>& m) {
-    return Regs{float(m.elements[0]), float(m.elements[1])};
+    static_assert(sizeof(m.elements) == 4, "a 16-bit pair");
+    const unsigned pair = __builtin_bit_cast(unsigned, m.elements);
+    return Regs{pair, pair};
+}
+template <class T>
+FA_GATE_DEVICE void set_regs(metal::simdgroup_matrix<T, 8, 8>& d, unsigned d0, unsigned d1) {
+    if constexpr (sizeof(T) == 4) {
+        d.elements = metal::vec<T, 2>(__builtin_bit_cast(T, d0), __builtin_bit_cast(T, d1));
+    } else {
+        (void)d1;
+        d.elements = __builtin_bit_cast(metal::vec<T, 2>, d0);
+    }
 }
 
 }  // namespace fa_gate
@@ -87,17 +103,17 @@ FA_GATE_DEVICE void simdgroup_multiply_accumulate(simdgroup_matrix<T, 8, 8>& d, 
                                                   const simdgroup_matrix<TB, 8, 8>& b,
                                                   const simdgroup_matrix<TC, 8, 8>& c) {
     const ::fa_gate::Regs ra = ::fa_gate::regs(a), rb = ::fa_gate::regs(b), rc = ::fa_gate::regs(c);
-    float d0, d1;
+    unsigned d0, d1;
 #ifdef __AMDGPU__
     asm volatile("; simdgroup_multiply_accumulate %0 %1 <- %2 %3 * %4 %5 + %6 %7"
                  : "=v"(d0), "=v"(d1)
                  : "v"(ra.r0), "v"(ra.r1), "v"(rb.r0), "v"(rb.r1), "v"(rc.r0), "v"(rc.r1));
 #else
     asm volatile("// simdgroup_multiply_accumulate %0 %1 <- %2 %3 * %4 %5 + %6 %7"
-                 : "=f"(d0), "=f"(d1)
-                 : "f"(ra.r0), "f"(ra.r1), "f"(rb.r0), "f"(rb.r1), "f"(rc.r0), "f"(rc.r1));
+                 : "=r"(d0), "=r"(d1)
+                 : "r"(ra.r0), "r"(ra.r1), "r"(rb.r0), "r"(rb.r1), "r"(rc.r0), "r"(rc.r1));
 #endif
-    d.elements = vec<T, 2>(T(d0), T(d1));
+    ::fa_gate::set_regs(d, d0, d1);
 }
 
 template <class T, class TA, class TB>
