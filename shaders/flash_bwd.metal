@@ -30,18 +30,22 @@ kernel void flash_bwd_preprocess(device const T* dout [[buffer(0)]],
                                  device const T* o [[buffer(1)]],
                                  device float* delta [[buffer(2)]],
                                  constant FlashParams& p [[buffer(3)]],
+                                 device const int* seqs [[buffer(4)]],  // varlen: cu_seqlens
                                  uint3 grid_pos [[threadgroup_position_in_grid]],
                                  uint tid [[thread_index_in_threadgroup]]) {
     const uint3 pos = fa_group_position(grid_pos, p);
     const int h = int(pos.y);
     const int b = int(pos.z);
     const int i = int(pos.x) * FA_PREPROCESS_THREADS + int(tid);
-    if (i >= p.Tq) return;
-    const fa_long go = fa_offset(p.dout.b, p.dout.t, p.dout.h, b, i, h);
-    const fa_long oo = fa_offset(p.o.b, p.o.t, p.o.h, b, i, h);
+    // (No function constant here: this O(T D) kernel tests varlen_seqs.)
+    const bool varlen = p.varlen_seqs > 0;
+    const FaSeq seq = fa_sequence(p, seqs, b, varlen);
+    if (i >= seq.Tq) return;
+    const fa_long go = fa_row_offset(p.dout.b, p.dout.t, p.dout.h, b, seq.q0, i, h, varlen);
+    const fa_long oo = fa_row_offset(p.o.b, p.o.t, p.o.h, b, seq.q0, i, h, varlen);
     float sum = 0.0f;
     for (int d = 0; d < p.D; ++d) sum = fma(float(dout[go + d]), float(o[oo + d]), sum);
-    delta[(fa_long(b) * p.H + h) * p.Tq + i] = sum;
+    delta[fa_stat_row0(p, seq, b, h, varlen) + i] = sum;
 }
 
 // The forward's lse of a row, +inf for a row that saw no key.
@@ -66,6 +70,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0
                          device const float* alibi [[buffer(9)]],
                          device const uchar* mask [[buffer(10)]],
                          device const float* sinks [[buffer(11)]],
+                         device const int* seqs [[buffer(12)]],  // varlen: cu_seqlens_q, cu_seqlens_k
                          uint3 grid_pos [[threadgroup_position_in_grid]],
                          uint tid [[thread_index_in_threadgroup]],
                          uint lane [[thread_index_in_simdgroup]],
@@ -83,28 +88,33 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0
     const int b = int(pos.z);
     const int r0 = int(pos.x) * FA_BLOCK_ROWS;
     const FaLane at = fa_lane(lane);
+    const FaSeq seq = fa_sequence(p, seqs, b, fa_is_varlen());
+    const int Tq = seq.Tq, Tk = seq.Tk;
 
-    const FaQueryRow row = fa_query_row(p, hkv, r0 + int(sg) * 8 + at.row);
+    const FaQueryRow row = fa_query_row(p, Tq, hkv, r0 + int(sg) * 8 + at.row);
     int row_begin = 0x3fffffff, row_end = 0;
     float row_lse = INFINITY, row_delta = 0.0f;
     if (row.valid) {
-        row_begin = int(fa_key_begin(row.t, p.Tq, p.Tk, p.window_left));
-        row_end = int(fa_key_end(row.t, p.Tq, p.Tk, p.window_right));
-        const fa_long stat = (fa_long(b) * p.H + row.h) * p.Tq + row.t;
+        row_begin = int(fa_key_begin(row.t, Tq, Tk, p.window_left));
+        row_end = int(fa_key_end(row.t, Tq, Tk, p.window_right));
+        const fa_long stat = fa_stat_row0(p, seq, b, row.h, fa_is_varlen()) + row.t;
         if (row_begin < row_end) {
             row_lse = fa_row_lse(lse[stat]);
             row_delta = delta[stat];
         }
     }
     int t_lo, t_hi;
-    fa_row_span(p, r0, FA_BLOCK_ROWS, t_lo, t_hi);
-    const int group_begin = int(fa_key_begin(t_lo, p.Tq, p.Tk, p.window_left));
-    const int group_end = int(fa_key_end(t_hi, p.Tq, p.Tk, p.window_right));
+    fa_row_span(p, Tq, r0, FA_BLOCK_ROWS, t_lo, t_hi);
+    // Varlen: a block past this sequence's rows has nothing to do (a
+    // sequence without keys runs on, writing dq = 0).
+    if (fa_is_varlen() && t_lo > t_hi) return;
+    const int group_begin = int(fa_key_begin(t_lo, Tq, Tk, p.window_left));
+    const int group_end = int(fa_key_end(t_hi, Tq, Tk, p.window_right));
 
     FaRowFragments<HD, FA_DQ_ROWS_IN_REGISTERS(HD, T), T> Q, G;
-    Q.load(row.valid ? q + fa_offset(p.q.b, p.q.t, p.q.h, b, row.t, row.h) : nullptr, at.col, p.D,
+    Q.load(row.valid ? q + fa_row_offset(p.q.b, p.q.t, p.q.h, b, seq.q0, row.t, row.h, fa_is_varlen()) : nullptr, at.col, p.D,
            p.scale);
-    G.load(row.valid ? dout + fa_offset(p.dout.b, p.dout.t, p.dout.h, b, row.t, row.h) : nullptr,
+    G.load(row.valid ? dout + fa_row_offset(p.dout.b, p.dout.t, p.dout.h, b, seq.q0, row.t, row.h, fa_is_varlen()) : nullptr,
            at.col, p.D, 1.0f);
 
     // Used only with options. A row past the group's heads (row.valid false)
@@ -112,8 +122,8 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0
     const FaScoreMods mods =
         fa_score_mods_of(sp, alibi, b, row.valid ? row.h : 0, fa_long(row.t) * sp.mask_i);
 
-    device const T* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
-    device const T* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);
+    device const T* k_head = k + fa_row_offset(p.k.b, p.k.t, p.k.h, b, seq.k0, 0, hkv, fa_is_varlen());
+    device const T* v_head = v + fa_row_offset(p.v.b, p.v.t, p.v.h, b, seq.k0, 0, hkv, fa_is_varlen());
     fa_frag dQ[DC / 8];
     FA_UNROLL
     for (int d8 = 0; d8 < DC / 8; ++d8) dQ[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
@@ -154,7 +164,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0
                 bool seen = tile == fa_tile_full || (j >= row_begin && j < row_end);
                 float s = S[k8].thread_elements()[i], dcap = 1.0f;
                 if (fa_score_mods != 0 && seen)  // the forward's score options, and softcap's slope
-                    s = fa_score_mod(p, sp, mods, mask, row.t, j, fa_long(j) * sp.mask_j, s,
+                    s = fa_score_mod(seq, sp, mods, mask, row.t, j, fa_long(j) * sp.mask_j, s,
                                      dcap);
                 seen = seen && !(fa_has_mask() && s == -INFINITY);  // the mask hides it
                 // dS = 0 where the row does not see the key, by select: dP
@@ -183,7 +193,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0
     }
 
     if (!row.valid || c0 + at.col >= p.D) return;
-    fa_store_row(dq + fa_offset(p.dq.b, p.dq.t, p.dq.h, b, row.t, row.h), dQ, c0, at.col, p.D,
+    fa_store_row(dq + fa_row_offset(p.dq.b, p.dq.t, p.dq.h, b, seq.q0, row.t, row.h, fa_is_varlen()), dQ, c0, at.col, p.D,
                  p.scale);
 }
 
@@ -207,6 +217,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
                            device const float* alibi [[buffer(10)]],
                            device const uchar* mask [[buffer(11)]],
                            device const float* sinks [[buffer(12)]],
+                           device const int* seqs [[buffer(13)]],  // varlen: cu_seqlens_q, cu_seqlens_k
                            uint3 grid_pos [[threadgroup_position_in_grid]],
                            uint tid [[thread_index_in_threadgroup]],
                            uint lane [[thread_index_in_simdgroup]],
@@ -227,22 +238,27 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
     const int b = int(pos.z);
     const int j_first = int(pos.x) * FA_BLOCK_ROWS;
     const FaLane at = fa_lane(lane);
+    const FaSeq seq = fa_sequence(p, seqs, b, fa_is_varlen());
+    const int Tq = seq.Tq, Tk = seq.Tk;
+    // Varlen: a block past this sequence's keys has nothing to do (a
+    // sequence without queries runs on, writing dk = dv = 0).
+    if (fa_is_varlen() && j_first >= Tk) return;
 
     // This lane's key (shared with lanes ^1, ^8, ^9) and the queries seeing it.
     const int j = j_first + int(sg) * 8 + at.row;
-    const bool key_valid = j < p.Tk;
+    const bool key_valid = j < Tk;
     int col_begin = 0x3fffffff, col_end = 0;
     if (key_valid) {
-        col_begin = int(fa_query_begin(j, p.Tq, p.Tk, p.window_right));
-        col_end = int(fa_query_end(j, p.Tq, p.Tk, p.window_left));
+        col_begin = int(fa_query_begin(j, Tq, Tk, p.window_right));
+        col_end = int(fa_query_end(j, Tq, Tk, p.window_left));
     }
-    const int j_last = min(j_first + FA_BLOCK_ROWS, p.Tk) - 1;
-    const int group_begin = int(fa_query_begin(j_first, p.Tq, p.Tk, p.window_right));
-    const int group_end = int(fa_query_end(j_last, p.Tq, p.Tk, p.window_left));
+    const int j_last = min(j_first + FA_BLOCK_ROWS, Tk) - 1;
+    const int group_begin = int(fa_query_begin(j_first, Tq, Tk, p.window_right));
+    const int group_end = int(fa_query_end(j_last, Tq, Tk, p.window_left));
 
     FaRowFragments<HD, FA_DKDV_ROWS_IN_REGISTERS(HD, T), T> K, V;
-    K.load(key_valid ? k + fa_offset(p.k.b, p.k.t, p.k.h, b, j, hkv) : nullptr, at.col, p.D, 1.0f);
-    V.load(key_valid ? v + fa_offset(p.v.b, p.v.t, p.v.h, b, j, hkv) : nullptr, at.col, p.D, 1.0f);
+    K.load(key_valid ? k + fa_row_offset(p.k.b, p.k.t, p.k.h, b, seq.k0, j, hkv, fa_is_varlen()) : nullptr, at.col, p.D, 1.0f);
+    V.load(key_valid ? v + fa_row_offset(p.v.b, p.v.t, p.v.h, b, seq.k0, j, hkv, fa_is_varlen()) : nullptr, at.col, p.D, 1.0f);
 
     fa_frag dK[DC / 8], dV[DC / 8];
     FA_UNROLL
@@ -252,9 +268,9 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
     }
     for (int g = 0; g < p.group; ++g) {
         const int h = hkv * p.group + g;
-        const fa_long stat0 = (fa_long(b) * p.H + h) * p.Tq;
-        device const T* q_head = q + fa_offset(p.q.b, p.q.t, p.q.h, b, 0, h);
-        device const T* g_head = dout + fa_offset(p.dout.b, p.dout.t, p.dout.h, b, 0, h);
+        const fa_long stat0 = fa_stat_row0(p, seq, b, h, fa_is_varlen());
+        device const T* q_head = q + fa_row_offset(p.q.b, p.q.t, p.q.h, b, seq.q0, 0, h, fa_is_varlen());
+        device const T* g_head = dout + fa_row_offset(p.dout.b, p.dout.t, p.dout.h, b, seq.q0, 0, h, fa_is_varlen());
         for (int i0 = group_begin; i0 < group_end; i0 += BQ) {
             const int n = min(BQ, group_end - i0);
             threadgroup_barrier(mem_flags::mem_threadgroup);
@@ -308,7 +324,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
                                 (i0 + ci >= col_begin && i0 + ci < col_end);
                     float s = St[i8].thread_elements()[e], dcap = 1.0f;
                     if (HD >= 64 && fa_score_mods != 0 && seen)
-                        s = fa_score_mod(p, sp, mods, mask, i0 + ci, j,
+                        s = fa_score_mod(seq, sp, mods, mask, i0 + ci, j,
                                          fa_long(i0 + ci) * sp.mask_i, s, dcap);
                     seen = seen && !(HD >= 64 && fa_has_mask() && s == -INFINITY);  // hidden
                     // (P = 0 there even for a query whose lse is NaN.)
@@ -343,24 +359,26 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
     }
 
     if (!key_valid || c0 + at.col >= p.D) return;
-    fa_store_row(dk + fa_offset(p.dk.b, p.dk.t, p.dk.h, b, j, hkv), dK, c0, at.col, p.D, p.scale);
-    fa_store_row(dv + fa_offset(p.dv.b, p.dv.t, p.dv.h, b, j, hkv), dV, c0, at.col, p.D, 1.0f);
+    fa_store_row(dk + fa_row_offset(p.dk.b, p.dk.t, p.dk.h, b, seq.k0, j, hkv, fa_is_varlen()), dK, c0, at.col, p.D, p.scale);
+    fa_store_row(dv + fa_row_offset(p.dv.b, p.dv.t, p.dv.h, b, seq.k0, j, hkv, fa_is_varlen()), dV, c0, at.col, p.D, 1.0f);
 }
 
 #define FA_INSTANTIATE_BWD(NAME, T, HD)                                                         \
     template FA_HOST_NAME("flash_bwd_dq_" #NAME "_hd" #HD) kernel void flash_bwd_dq<HD, T>(    \
         device const T*, device const T*, device const T*, device const T*, device const float*, \
         device const float*, device T*, constant FlashParams&, constant FlashScoreParams&,       \
-        device const float*, device const uchar*, device const float*, uint3, uint, uint, uint); \
+        device const float*, device const uchar*, device const float*, device const int*, uint3, \
+        uint, uint, uint);                                                                       \
     template FA_HOST_NAME("flash_bwd_dkdv_" #NAME "_hd" #HD) kernel void flash_bwd_dkdv<HD, T>( \
         device const T*, device const T*, device const T*, device const T*, device const float*, \
         device const float*, device T*, device T*, constant FlashParams&,                        \
         constant FlashScoreParams&, device const float*, device const uchar*,                    \
-        device const float*, uint3, uint, uint, uint);
+        device const float*, device const int*, uint3, uint, uint, uint);
 #define FA_INSTANTIATE_BWD_TYPES(HD) FA_STORAGE_TYPES(FA_INSTANTIATE_BWD, HD)
 FA_HEAD_BUCKETS(FA_INSTANTIATE_BWD_TYPES)
 
 #define FA_INSTANTIATE_PREPROCESS(NAME, T, UNUSED)                                                \
     template FA_HOST_NAME("flash_bwd_preprocess_" #NAME) kernel void flash_bwd_preprocess<T>(   \
-        device const T*, device const T*, device float*, constant FlashParams&, uint3, uint);
+        device const T*, device const T*, device float*, constant FlashParams&, device const int*, \
+        uint3, uint);
 FA_STORAGE_TYPES(FA_INSTANTIATE_PREPROCESS, 0)

@@ -12,6 +12,48 @@ using namespace metal;
 FA_FUNCTION_CONSTANT(bool, fa_head_full, FA_FC_HEAD_FULL)
 FA_FUNCTION_CONSTANT(bool, fa_head_vec16, FA_FC_HEAD_VEC16)
 FA_FUNCTION_CONSTANT(int, fa_score_mods, FA_FC_SCORE_MODS)
+FA_FUNCTION_CONSTANT(bool, fa_varlen, FA_FC_VARLEN)
+// Whether the pipeline runs a variable-length batch (below).
+FA_INLINE bool fa_is_varlen() { return fa_varlen; }
+
+// The sequence a threadgroup works on. A dense call: batch b, the call's Tq
+// and Tk. A variable-length batch in one launch (FlashParams::varlen_seqs
+// > 0, core/varlen.h; FlashAttention-2's varlen kernels): grid.z is the
+// sequence b, whose rows the kernel reads from the int32 table `seqs` --
+// cu_seqlens_q (varlen_seqs + 1 entries) then cu_seqlens_k -- the packed
+// arrays' rows [q0, q0 + Tq) and [k0, k0 + Tk); the grid covers the longest
+// sequence and a tile past this one's length exits at once. Uniform over
+// the threadgroup (scalar registers), read once in the prologue.
+struct FaSeq {
+    int Tq, Tk;
+    fa_long q0, k0;
+};
+FA_INLINE FaSeq fa_sequence(constant FlashParams& p, device const int* seqs, int b, bool varlen) {
+    FaSeq s;
+    s.Tq = p.Tq;
+    s.Tk = p.Tk;
+    s.q0 = 0;
+    s.k0 = 0;
+    if (varlen) {
+        const int q0 = seqs[b], k0 = seqs[p.B + 1 + b];
+        s.Tq = seqs[b + 1] - q0;
+        s.Tk = seqs[p.B + 2 + b] - k0;
+        s.q0 = q0;
+        s.k0 = k0;
+    }
+    return s;
+}
+// Element offset of row t, head h of the sequence in an array of strides
+// (sb, st, sh): batch b's rows (dense), or the packed rows from row0 (varlen: q0 or k0).
+FA_INLINE fa_long fa_row_offset(fa_long sb, fa_long st, fa_long sh, int b, fa_long row0, fa_long t,
+                                fa_long h, bool varlen) {
+    return varlen ? (row0 + t) * st + h * sh : fa_offset(sb, st, sh, b, t, h);
+}
+// Where head h's rows of the sequence start in lse and delta: (B, H, Tq)
+// dense; varlen, sequence b's (H, Tq_b) block at H * q0 (core/engine.h's Varlen).
+FA_INLINE fa_long fa_stat_row0(constant FlashParams& p, FaSeq s, int b, int h, bool varlen) {
+    return (varlen ? fa_long(p.H) * s.q0 : fa_long(b) * p.H * s.Tq) + fa_long(h) * s.Tq;
+}
 
 // The storage type T of q, k, v, o, do and the gradients (issue 15): float,
 // half or bfloat (MSL 3.1), a template parameter of every tiled kernel.
@@ -92,22 +134,23 @@ struct FaQueryRow {
     int h, t;
     bool valid;
 };
-FA_INLINE FaQueryRow fa_query_row(constant FlashParams& p, int hkv, int r) {
+FA_INLINE FaQueryRow fa_query_row(constant FlashParams& p, int Tq, int hkv, int r) {
     FaQueryRow q;
     const int g = r / p.rows_per_head;
     q.t = r - g * p.rows_per_head;
     q.h = hkv * p.group + g;
-    q.valid = g < p.group && q.t < p.Tq;
+    q.valid = g < p.group && q.t < Tq;
     return q;
 }
 
 // The positions t that rows [r0, r0 + n) of the packed numbering cover,
 // as a range [lo, hi] (conservative when the rows span two heads).
-FA_INLINE void fa_row_span(constant FlashParams& p, int r0, int n, thread int& lo, thread int& hi) {
+FA_INLINE void fa_row_span(constant FlashParams& p, int Tq, int r0, int n, thread int& lo,
+                            thread int& hi) {
     const int g0 = r0 / p.rows_per_head, g1 = (r0 + n - 1) / p.rows_per_head;
     const int t0 = r0 - g0 * p.rows_per_head, t1 = r0 + n - 1 - g1 * p.rows_per_head;
     lo = g0 == g1 ? t0 : 0;
-    hi = min(g0 == g1 ? t1 : p.rows_per_head - 1, p.Tq - 1);
+    hi = min(g0 == g1 ? t1 : p.rows_per_head - 1, Tq - 1);
 }
 
 // Two adjacent elements of a row, zero past column n: a fragment's lane
@@ -471,7 +514,7 @@ FA_INLINE void fa_masked_accumulate(thread fa_frag (&acc)[N8], const thread fa_o
 // it see: softcap, then ALiBi, then the mask (-inf hides the key);
 // mask_offset is the element's offset past mods.mask_base. dcap gets
 // d(softcap)/ds (1 without a softcap).
-FA_INLINE float fa_score_mod(constant FlashParams& p, constant FlashScoreParams& sp,
+FA_INLINE float fa_score_mod(FaSeq seq, constant FlashScoreParams& sp,
                              FaScoreMods mods, device const uchar* mask, int t, int j,
                              fa_long mask_offset, float s, thread float& dcap) {
     dcap = 1.0f;
@@ -480,7 +523,7 @@ FA_INLINE float fa_score_mod(constant FlashParams& p, constant FlashScoreParams&
         s = sp.softcap * th;
         dcap = fma(-th, th, 1.0f);
     }
-    if (fa_score_mods & FA_SCORE_ALIBI) s = fma(-mods.slope, abs(float(t + p.Tk - p.Tq - j)), s);
+    if (fa_score_mods & FA_SCORE_ALIBI) s = fma(-mods.slope, abs(float(t + seq.Tk - seq.Tq - j)), s);
     if (fa_has_mask()) {
         if (fa_mask_hides(mods, mask, mask_offset))
             s = -INFINITY;  // whatever s was: a NaN or +inf score of a hidden key too

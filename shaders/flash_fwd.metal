@@ -50,6 +50,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_fwd(device const T* q [[buffer(0)]]
                       device const float* alibi [[buffer(7)]],
                       device const uchar* mask [[buffer(8)]],
                       device const float* sinks [[buffer(9)]],
+                      device const int* seqs [[buffer(10)]],  // varlen: cu_seqlens_q, cu_seqlens_k
                       uint3 grid_pos [[threadgroup_position_in_grid]],
                       uint tid [[thread_index_in_threadgroup]],
                       uint lane [[thread_index_in_simdgroup]],
@@ -68,22 +69,29 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_fwd(device const T* q [[buffer(0)]]
     const int split = int(pos.z) / p.B;
     const int r0 = int(pos.x) * FA_BLOCK_ROWS;
     const FaLane at = fa_lane(lane);
+    const FaSeq seq = fa_sequence(p, seqs, b, fa_is_varlen());
+    const int Tq = seq.Tq, Tk = seq.Tk;
 
     // This lane's query row (shared with lanes ^1, ^8, ^9) and its keys.
-    const FaQueryRow row = fa_query_row(p, hkv, r0 + int(sg) * 8 + at.row);
+    const FaQueryRow row = fa_query_row(p, Tq, hkv, r0 + int(sg) * 8 + at.row);
     int row_begin = 0x3fffffff, row_end = 0;
     if (row.valid) {
-        row_begin = int(fa_key_begin(row.t, p.Tq, p.Tk, p.window_left));
-        row_end = int(fa_key_end(row.t, p.Tq, p.Tk, p.window_right));
+        row_begin = int(fa_key_begin(row.t, Tq, Tk, p.window_left));
+        row_end = int(fa_key_end(row.t, Tq, Tk, p.window_right));
     }
     // Keys any row of the threadgroup sees (uniform: every thread meets the
     // same barriers), cut to this split's chunk.
     int t_lo, t_hi;
-    fa_row_span(p, r0, FA_BLOCK_ROWS, t_lo, t_hi);
-    int group_begin = int(fa_key_begin(t_lo, p.Tq, p.Tk, p.window_left));
-    int group_end = int(fa_key_end(t_hi, p.Tq, p.Tk, p.window_right));
+    fa_row_span(p, Tq, r0, FA_BLOCK_ROWS, t_lo, t_hi);
+    // Varlen: a block past this sequence's rows has nothing to do. (A
+    // sequence without keys runs on: no tile, so o = 0 and lse = the sink or
+    // -inf, the values core/varlen.cpp gives; the metal host may copy o and
+    // lse back from a buffer the kernels alone wrote.)
+    if (fa_is_varlen() && t_lo > t_hi) return;
+    int group_begin = int(fa_key_begin(t_lo, Tq, Tk, p.window_left));
+    int group_end = int(fa_key_end(t_hi, Tq, Tk, p.window_right));
     if (p.kv_splits > 1) {
-        const int chunk = (p.Tk + p.kv_splits - 1) / p.kv_splits;
+        const int chunk = (Tk + p.kv_splits - 1) / p.kv_splits;
         group_begin = max(group_begin, split * chunk);
         group_end = min(group_end, (split + 1) * chunk);
         // Each row sees only this chunk's keys (the tile classification
@@ -93,7 +101,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_fwd(device const T* q [[buffer(0)]]
     }
 
     FaRowFragments<HD, FA_FWD_Q_IN_REGISTERS(HD, T), T> Q;
-    Q.load(row.valid ? q + fa_offset(p.q.b, p.q.t, p.q.h, b, row.t, row.h) : nullptr, at.col, p.D,
+    Q.load(row.valid ? q + fa_row_offset(p.q.b, p.q.t, p.q.h, b, seq.q0, row.t, row.h, fa_is_varlen()) : nullptr, at.col, p.D,
            p.scale);
 
     // Used only with options. A row past the group's heads (row.valid false)
@@ -103,8 +111,8 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_fwd(device const T* q [[buffer(0)]]
     const bool sink = (fa_score_mods & FA_SCORE_SINKS) && split == 0 && row.valid &&
                       sinks[row.h] != -INFINITY;
 
-    device const T* k_head = k + fa_offset(p.k.b, p.k.t, p.k.h, b, 0, hkv);
-    device const T* v_head = v + fa_offset(p.v.b, p.v.t, p.v.h, b, 0, hkv);
+    device const T* k_head = k + fa_row_offset(p.k.b, p.k.t, p.k.h, b, seq.k0, 0, hkv, fa_is_varlen());
+    device const T* v_head = v + fa_row_offset(p.v.b, p.v.t, p.v.h, b, seq.k0, 0, hkv, fa_is_varlen());
     fa_frag O[DC / 8];
     float m, l;
     // Two passes at most: the first multiplies every tile; if a NaN or inf
@@ -161,7 +169,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_fwd(device const T* q [[buffer(0)]]
                     if (!seen) s = -INFINITY;
                     float dcap;
                     if (fa_score_mods != 0 && seen)
-                        s = fa_score_mod(p, sp, mods, mask, row.t, j, fa_long(j) * sp.mask_j, s, dcap);
+                        s = fa_score_mod(seq, sp, mods, mask, row.t, j, fa_long(j) * sp.mask_j, s, dcap);
                     S[k8].thread_elements()[i] = s;
                     tile_max = max(tile_max, s);
                 }
@@ -228,8 +236,8 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_fwd(device const T* q [[buffer(0)]]
         fa_store_row(part, O, c0, at.col, p.D, inv);
         lse_at = split * rows + (fa_long(b) * p.H + row.h) * p.Tq + row.t;
     } else {
-        fa_store_row(o + fa_offset(p.o.b, p.o.t, p.o.h, b, row.t, row.h), O, c0, at.col, p.D, inv);
-        lse_at = (fa_long(b) * p.H + row.h) * p.Tq + row.t;
+        fa_store_row(o + fa_row_offset(p.o.b, p.o.t, p.o.h, b, seq.q0, row.t, row.h, fa_is_varlen()), O, c0, at.col, p.D, inv);
+        lse_at = fa_stat_row0(p, seq, b, row.h, fa_is_varlen()) + row.t;
     }
     // One lane per row of the first column chunk writes the row's lse
     // (lanes ^1, ^8, ^9 share it; every chunk computed the same m and l).
@@ -286,7 +294,7 @@ kernel void flash_fwd_merge(device const float* partial_o [[buffer(0)]],
     template FA_HOST_NAME("flash_fwd_" #NAME "_hd" #HD) kernel void flash_fwd<HD, T>(      \
         device const T*, device const T*, device const T*, device T*, device float*,        \
         constant FlashParams&, constant FlashScoreParams&, device const float*,              \
-        device const uchar*, device const float*, uint3, uint, uint, uint);
+        device const uchar*, device const float*, device const int*, uint3, uint, uint, uint);
 #define FA_INSTANTIATE_FWD_TYPES(HD) FA_STORAGE_TYPES(FA_INSTANTIATE_FWD, HD)
 FA_HEAD_BUCKETS(FA_INSTANTIATE_FWD_TYPES)
 

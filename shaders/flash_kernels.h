@@ -97,6 +97,7 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 #define FA_FC_HEAD_FULL 0  // bool: D equals the bucket: no column guards
 #define FA_FC_HEAD_VEC16 1  // bool: D fills whole 16-byte vectors of the dtype (D % 4 == 0 for float32, D % 8 == 0 for 16-bit)
 #define FA_FC_SCORE_MODS 2  // int: FlashParams::score_mods (0: plain attention, none of their code)
+#define FA_FC_VARLEN 3  // bool: FlashParams::varlen_seqs > 0: grid.z is the sequence, read from the seqs buffer
 
 // Threadgroup arrays are declared with FA_TG_ARRAY(type, name, count) inside
 // kernels: plain `threadgroup` on Metal. The C++ side needs `static` (one

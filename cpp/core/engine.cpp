@@ -115,6 +115,19 @@ BackwardIO sequence_io(const Varlen& call, const BackwardIO& io, size_t i) {
     return out;
 }
 
+std::vector<int32_t> varlen_table(const Varlen& call) {
+    const size_t n = call.seqs.size();
+    std::vector<int32_t> table(2 * (n + 1), 0);
+    for (size_t i = 0; i < n; ++i) {
+        const FlashParams& s = call.seqs[i];
+        table[i] = s.seq_q0;
+        table[i + 1] = s.seq_q0 + s.Tq;
+        table[n + 1 + i] = s.seq_k0;
+        table[n + 2 + i] = s.seq_k0 + s.Tk;
+    }
+    return table;
+}
+
 void Engine::forward_varlen(const Varlen& call, const ForwardIO& io) {
     for (size_t i = 0; i < call.seqs.size(); ++i)
         if (sequence_has_work(call.seqs[i])) forward(call.seqs[i], sequence_io(call, io, i));

@@ -5,6 +5,7 @@
 // lse and the score options' arrays are float32 whatever it is.
 #pragma once
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -62,6 +63,11 @@ struct Varlen {
 // Sequence i's arrays as an ordinary call's (views into the packed ones).
 ForwardIO sequence_io(const Varlen& call, const ForwardIO& io, size_t i);
 BackwardIO sequence_io(const Varlen& call, const BackwardIO& io, size_t i);
+
+// The sequences' table the GPU kernels read in a one-launch varlen call
+// (Slot::seqs; shaders/flash_device.h's fa_sequence): cu_seqlens_q then
+// cu_seqlens_k as int32, seqs.size() + 1 entries each.
+std::vector<int32_t> varlen_table(const Varlen& call);
 
 // Whether sequence i has work (queries and keys).
 inline bool sequence_has_work(const FlashParams& seq) { return seq.Tq > 0 && seq.Tk > 0; }

@@ -29,6 +29,7 @@ const char* slot_name(Slot s) {
         case Slot::alibi: return "alibi";
         case Slot::mask: return "mask";
         case Slot::sinks: return "sinks";
+        case Slot::seqs: return "seqs";
         case Slot::params: return "params";
     }
     return "?";
@@ -81,7 +82,8 @@ FunctionConstant boolean(uint16_t index, bool value) {
 std::vector<FunctionConstant> head_constants(const FlashParams& p, int bucket, DType dtype) {
     const int vec16 = dtype == DType::f32 ? 4 : 8;
     return {boolean(FA_FC_HEAD_FULL, p.D == bucket), boolean(FA_FC_HEAD_VEC16, p.D % vec16 == 0),
-            {FA_FC_SCORE_MODS, FunctionConstant::Type::int32, uint32_t(p.score_mods)}};
+            {FA_FC_SCORE_MODS, FunctionConstant::Type::int32, uint32_t(p.score_mods)},
+            boolean(FA_FC_VARLEN, p.varlen_seqs > 0)};
 }
 
 // The query rows of a kv head in the packed numbering (FlashParams::
@@ -104,7 +106,10 @@ int32_t rows_per_head(const FlashParams& p) {
 // at most FA_MAX_KV_SPLITS (the merge keeps one chunk per lane).
 constexpr int64_t kMinSplitKeys = 256;
 int32_t kv_splits(const FlashParams& p, int64_t groups, const GpuInfo& gpu) {
-    if (p.varlen_seqs > 0) return 1;  // a varlen batch brings a grid per sequence
+    // A varlen batch is one launch over every sequence (grid.z = sequences):
+    // its rows are not one range to cut, and the merge would need the
+    // sequences' table; decode over many sequences fills the GPU anyway.
+    if (p.varlen_seqs > 0) return 1;
     const int64_t target = int64_t(std::max(gpu.cores, 1)) * kGroupsPerCore;
     const int64_t by_keys = p.Tk / kMinSplitKeys;
     const int64_t by_groups = (target + groups - 1) / groups;
@@ -132,7 +137,7 @@ Plan plan_forward(const FlashParams& p, DType dtype, const GpuInfo& gpu) {
     if (splits == 1) {
         plan.launches.push_back(Launch{name,
                                        {Slot::q, Slot::k, Slot::v, Slot::o, Slot::lse, Slot::params,
-                                        Slot::score, Slot::alibi, Slot::mask, Slot::sinks},
+                                        Slot::score, Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs},
                                        grid, kTiled, head_constants(p, bucket, dtype)});
         return plan;
     }
@@ -144,7 +149,7 @@ Plan plan_forward(const FlashParams& p, DType dtype, const GpuInfo& gpu) {
     plan.launches.push_back(Launch{
         name,
         {Slot::q, Slot::k, Slot::v, Slot::partial_o, Slot::partial_lse, Slot::params, Slot::score,
-         Slot::alibi, Slot::mask, Slot::sinks},
+         Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs},
         grid, kTiled, head_constants(p, bucket, dtype)});
     plan.launches.push_back(Launch{"flash_fwd_merge_" + dt,
                                    {Slot::partial_o, Slot::partial_lse, Slot::o, Slot::lse, Slot::params},
@@ -166,7 +171,7 @@ Plan plan_backward(const FlashParams& p, DType dtype) {
     plan.scratch.push_back({Slot::delta, int64_t(p.B) * p.H * p.Tq});
     plan.launches.push_back(Launch{
         "flash_bwd_preprocess_" + dt,
-        {Slot::dout, Slot::o, Slot::delta, Slot::params},
+        {Slot::dout, Slot::o, Slot::delta, Slot::params, Slot::seqs},
         Dim3{blocks(p.Tq, FA_PREPROCESS_THREADS), uint32_t(p.H), uint32_t(p.B)},
         Dim3{FA_PREPROCESS_THREADS, 1, 1},
         {},
@@ -174,7 +179,7 @@ Plan plan_backward(const FlashParams& p, DType dtype) {
     plan.launches.push_back(Launch{
         "flash_bwd_dq" + suffix,
         {Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse, Slot::delta, Slot::dq, Slot::params,
-         Slot::score, Slot::alibi, Slot::mask, Slot::sinks},
+         Slot::score, Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs},
         Dim3{blocks(int64_t(p.group) * plan.params.rows_per_head, FA_BLOCK_ROWS),
              uint32_t(p.Hkv) * uint32_t(bucket / FA_DQ_DCHUNK(bucket)), uint32_t(p.B)},
         kTiled,
@@ -187,7 +192,7 @@ Plan plan_backward(const FlashParams& p, DType dtype) {
     plan.launches.push_back(Launch{
         "flash_bwd_dkdv_" + dt + "_hd" + std::to_string(dkdv_bucket),
         {Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse, Slot::delta, Slot::dk, Slot::dv,
-         Slot::params, Slot::score, Slot::alibi, Slot::mask, Slot::sinks},
+         Slot::params, Slot::score, Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs},
         Dim3{blocks(p.Tk, FA_BLOCK_ROWS), uint32_t(p.Hkv) * chunks, uint32_t(p.B)},
         kTiled,
         head_constants(p, dkdv_bucket, dtype),

@@ -21,6 +21,7 @@ enum class Slot : uint8_t {
     partial_lse,               // scratch: split-KV decode's per-split (max, sum) statistics
     score,                     // the FlashScoreParams struct, by value (setBytes)
     alibi, mask, sinks,        // the score options' arrays (issue 16); any buffer when absent
+    seqs,                      // varlen: int32 cu_seqlens_q then cu_seqlens_k (B + 1 each); any buffer when dense
     params,                    // the FlashParams struct, by value (setBytes)
 };
 

@@ -37,11 +37,16 @@ inline bool score_slot_used(Slot s, int score_mods) {
         case Slot::alibi: return (score_mods & FA_SCORE_ALIBI) != 0;
         case Slot::mask: return (score_mods & (FA_SCORE_MASK_BOOL | FA_SCORE_MASK_FLOAT)) != 0;
         case Slot::sinks: return (score_mods & FA_SCORE_SINKS) != 0;
+        case Slot::seqs: return false;  // a varlen call binds it; a dense call's kernels never read it
         default: return true;
     }
 }
 
-inline bool is_score_slot(Slot s) { return s == Slot::alibi || s == Slot::mask || s == Slot::sinks; }
+// (And Slot::seqs, the varlen sequence table, which is optional the same
+// way: a buffer that a dense call leaves to any buffer.)
+inline bool is_score_slot(Slot s) {
+    return s == Slot::alibi || s == Slot::mask || s == Slot::sinks || s == Slot::seqs;
+}
 
 // The arrays p.score_mods uses, as the kernels read them:
 //   alibi: (B, H), slope (b, h) at b * alibi_b + h;

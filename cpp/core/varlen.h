@@ -3,8 +3,14 @@
 // [cu_k[b], cu_k[b + 1]) of k and v, and computes what an ordinary call of
 // B = 1 on those rows would, so the work is the sum of Tq_b * Tk_b, no
 // padding is computed, and causal is bottom-right within each sequence. The
-// whole batch is one engine call (Engine::forward_varlen: one launch on the
-// GPU engines, one parallel loop over every sequence's tiles on the cpu).
+// whole batch is one engine call (Engine::forward_varlen). On the cpu
+// engine, one parallel loop over every sequence's tiles (cpu/varlen.cpp).
+// On metal and metal-sim, one plan with the launches of a dense call
+// (forward 1, backward 3): the kernels read cu_q and cu_k themselves
+// (Slot::seqs, engine.h's varlen_table), grid.z is the sequence, the grid is
+// sized by the longest and a tile past a sequence's length exits at once
+// (shaders/flash_device.h's fa_sequence; docs/metal.md, "Varlen"). Split-KV
+// decode is not used for a varlen batch (core/plan.cpp's kv_splits).
 #pragma once
 #include <cstdint>
 #include <vector>

@@ -106,6 +106,26 @@ public:
         });
     }
 
+    // A variable-length batch in one plan (staging.h's run_staged_*_varlen):
+    // one command buffer whatever the number of sequences. The self-test's
+    // known-answer calls are dense; the varlen pipelines have none of their own.
+    void forward_varlen(const Varlen& call, const ForwardIO& io) override {
+        with_autorelease_pool([&] {
+            record(run_staged_forward_varlen(*pool_, call, io, device_->gpu(),
+                                             [&](const Plan& plan, const Call& c) {
+                device_->execute(plan, c);
+            }));
+        });
+    }
+
+    void backward_varlen(const Varlen& call, const BackwardIO& io) override {
+        with_autorelease_pool([&] {
+            record(run_staged_backward_varlen(*pool_, call, io, [&](const Plan& plan, const Call& c) {
+                device_->execute(plan, c);
+            }));
+        });
+    }
+
 private:
     static size_t page_size() {
         const long page = sysconf(_SC_PAGESIZE);

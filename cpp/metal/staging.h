@@ -212,6 +212,18 @@ public:
         leases_.push_back(std::move(lease));
     }
 
+    // A varlen call's sequences' table (core/engine.h's varlen_table),
+    // copied into a pool buffer bound to Slot::seqs.
+    void sequences(const std::vector<int32_t>& table) {
+        const size_t bytes = table.size() * sizeof(int32_t);
+        LeasePtr lease = pool_->acquire(bytes);
+        std::memcpy(lease->data, table.data(), bytes);
+        bind(Slot::seqs, lease->handle, 0);
+        transfers_.input_copies += 1;
+        transfers_.input_copy_bytes += uint64_t(bytes);
+        leases_.push_back(std::move(lease));
+    }
+
     // The call's parameters, with the strides of copied inputs made compact.
     const FlashParams& params() const { return params_; }
     // The score options' values, with the mask's and slopes' strides as bound.
@@ -411,6 +423,46 @@ TransferStats run_staged_backward(Pool& pool, const FlashParams& p, const Backwa
                                   Execute&& execute) {
     CallBuffers<Pool> call = CallBuffers<Pool>::backward(pool, p, io);
     Plan plan = plan_backward(call.params(), io.dtype);
+    return run_staged(std::move(call), std::move(plan), execute);
+}
+
+// A variable-length batch (core/engine.h's Varlen) in one plan (issue 34):
+// the packed arrays are staged as one call of B = 1 and T = total rows (the
+// layout they have), the sequences' table is bound to Slot::seqs, and the
+// plan is the packed call's (varlen_seqs > 0: grid.z = the sequences).
+inline FlashParams varlen_staging_view(const Varlen& v, const std::vector<int32_t>& table) {
+    const size_t n = v.seqs.size();
+    FlashParams view = v.packed;
+    view.B = 1;
+    view.Tq = table[n];
+    view.Tk = table[2 * n + 1];
+    view.varlen_seqs = 0;
+    return view;
+}
+inline FlashParams varlen_plan_params(const Varlen& v, const FlashParams& staged) {
+    FlashParams p = v.packed;
+    p.q = staged.q, p.k = staged.k, p.v = staged.v, p.o = staged.o, p.dout = staged.dout;
+    p.dq = staged.dq, p.dk = staged.dk, p.dv = staged.dv;
+    return p;
+}
+
+template <class Pool, class Execute>
+TransferStats run_staged_forward_varlen(Pool& pool, const Varlen& v, const ForwardIO& io,
+                                        const GpuInfo& gpu, Execute&& execute) {
+    const std::vector<int32_t> table = varlen_table(v);
+    CallBuffers<Pool> call = CallBuffers<Pool>::forward(pool, varlen_staging_view(v, table), io);
+    call.sequences(table);
+    Plan plan = plan_forward(varlen_plan_params(v, call.params()), io.dtype, gpu);
+    return run_staged(std::move(call), std::move(plan), execute);
+}
+
+template <class Pool, class Execute>
+TransferStats run_staged_backward_varlen(Pool& pool, const Varlen& v, const BackwardIO& io,
+                                         Execute&& execute) {
+    const std::vector<int32_t> table = varlen_table(v);
+    CallBuffers<Pool> call = CallBuffers<Pool>::backward(pool, varlen_staging_view(v, table), io);
+    call.sequences(table);
+    Plan plan = plan_backward(varlen_plan_params(v, call.params()), io.dtype);
     return run_staged(std::move(call), std::move(plan), execute);
 }
 

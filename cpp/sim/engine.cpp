@@ -17,10 +17,12 @@ namespace {
 
 // The score options' arrays, bound in place as core/score_arrays.h describes
 // them; one the call does not use is bound to `any` (the kernels read none
-// of them without its score_mods bit, as the metal host does).
+// of them without its score_mods bit, as the metal host does); so is the
+// varlen table's slot, which a dense call's kernels never read.
 void bind_score_arrays(sim::SlotPointers& slots, const FlashParams& p, const ScoreInputs& in,
                        const void* any) {
-    for (Slot s : {Slot::alibi, Slot::mask, Slot::sinks}) slots[size_t(s)] = const_cast<void*>(any);
+    for (Slot s : {Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs})
+        slots[size_t(s)] = const_cast<void*>(any);
     for (const ScoreArray& a : score_arrays(p, in)) slots[size_t(a.slot)] = const_cast<void*>(a.data);
 }
 
@@ -68,6 +70,29 @@ public:
 
     void forward(const FlashParams& p, const ForwardIO& io) override {
         if (selftest_) selftest_->check_forward(*this, p, io.dtype);
+        run_forward_plan(p, io, nullptr);
+    }
+
+    void backward(const FlashParams& p, const BackwardIO& io) override {
+        if (selftest_) selftest_->check_backward(*this, p, io.dtype);
+        run_backward_plan(p, io, nullptr);
+    }
+
+    // A variable-length batch in one plan, as the metal engine's: the
+    // kernels read the sequences' table (Slot::seqs) and map grid.z to the
+    // sequence. (The self-test's known-answer calls are dense: none here.)
+    void forward_varlen(const Varlen& call, const ForwardIO& io) override {
+        const std::vector<int32_t> table = varlen_table(call);
+        run_forward_plan(call.packed, io, table.data());
+    }
+
+    void backward_varlen(const Varlen& call, const BackwardIO& io) override {
+        const std::vector<int32_t> table = varlen_table(call);
+        run_backward_plan(call.packed, io, table.data());
+    }
+
+private:
+    void run_forward_plan(const FlashParams& p, const ForwardIO& io, const int32_t* seqs) {
         Plan plan = plan_forward(p, io.dtype);
         plan.score = io.score.params;
         sim::SlotPointers slots{};
@@ -77,11 +102,11 @@ public:
         slots[size_t(Slot::v)] = const_cast<void*>(io.v);
         slots[size_t(Slot::o)] = io.o;
         slots[size_t(Slot::lse)] = io.lse;
+        if (seqs) slots[size_t(Slot::seqs)] = const_cast<int32_t*>(seqs);
         sim::run_plan(plan, slots);
     }
 
-    void backward(const FlashParams& p, const BackwardIO& io) override {
-        if (selftest_) selftest_->check_backward(*this, p, io.dtype);
+    void run_backward_plan(const FlashParams& p, const BackwardIO& io, const int32_t* seqs) {
         Plan plan = plan_backward(p, io.dtype);
         plan.score = io.score.params;
         sim::SlotPointers slots{};
@@ -95,10 +120,10 @@ public:
         slots[size_t(Slot::dq)] = io.dq;
         slots[size_t(Slot::dk)] = io.dk;
         slots[size_t(Slot::dv)] = io.dv;
+        if (seqs) slots[size_t(Slot::seqs)] = const_cast<int32_t*>(seqs);
         sim::run_plan(plan, slots);
     }
 
-private:
     std::unique_ptr<SelfTest> selftest_;  // null unless FLASHATTN_METAL_SELFTEST=1
     std::once_flag reference_once_;
     std::unique_ptr<Engine> reference_;

@@ -127,7 +127,7 @@ def torch_entry(ns: str, host: str, shaders) -> tuple[str, str, str]:
 # The function constants the strict check gives every text: of each kind,
 # a value that keeps the code the constant guards (D not a bucket, every
 # score option on).
-STRICT_CONSTANTS = ((0, "boolean", 0), (1, "boolean", 1), (2, "int32", 31))
+STRICT_CONSTANTS = ((0, "boolean", 0), (1, "boolean", 1), (2, "int32", 31), (3, "boolean", 0))
 
 
 def strict(shaders, out: Path) -> int:

@@ -7,12 +7,14 @@
 // it. Each call must give the bits of the metal-sim engine, which binds the
 // same arrays in place; and the transfer counters must show each array
 // cost the memory it spans or holds, never B·H·Tq·Tk.
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <memory>
 #include <string>
@@ -23,6 +25,7 @@
 #include "core/half.h"
 #include "core/params.h"
 #include "core/score_arrays.h"
+#include "core/varlen.h"
 #include "engines/factories.h"
 #include "metal/staging.h"
 #include "metal_host_backend.h"
@@ -47,7 +50,10 @@ void execute_on_sim(const Plan& plan, const HostCall& call) {
             if (s == Slot::params || s == Slot::score) continue;
             const HostCall::Binding& b = call.buffer_for(launch, i);
             void* ptr = static_cast<char*>(b.handle->data) + b.offset;
-            CHECK(!seen[size_t(s)] || slots[size_t(s)] == ptr);  // one buffer per slot and call
+            // One buffer per slot and call (a dense call's unused sequences'
+            // table is each launch's first buffer, as an unused score array's).
+            CHECK(!seen[size_t(s)] || slots[size_t(s)] == ptr ||
+                  (s == Slot::seqs && !call.binding(Slot::seqs).bound));
             slots[size_t(s)] = ptr;
             seen[size_t(s)] = true;
         }
@@ -80,8 +86,27 @@ public:
     void backward(const FlashParams& p, const BackwardIO& io) override {
         last = run_staged_backward(*pool, p, io, execute_on_sim);
     }
+    // A varlen batch as engine.mm runs it: counting the plans the device
+    // would execute and their launches.
+    void forward_varlen(const Varlen& call, const ForwardIO& io) override {
+        last = run_staged_forward_varlen(*pool, call, io, GpuInfo{}, counted());
+    }
+    void backward_varlen(const Varlen& call, const BackwardIO& io) override {
+        last = run_staged_backward_varlen(*pool, call, io, counted());
+    }
     std::shared_ptr<HostPool> pool;
     TransferStats last;
+    int executes = 0;
+    size_t launches = 0;
+
+private:
+    std::function<void(const Plan&, const HostCall&)> counted() {
+        return [this](const Plan& plan, const HostCall& call) {
+            ++executes;
+            launches += plan.launches.size();
+            execute_on_sim(plan, call);
+        };
+    }
 };
 
 // A mask's memory and the view of it the call passes.
@@ -278,6 +303,83 @@ void run_case(const Shape& s, const MaskCase* m, int alibi_kind, bool sinks, flo
 
 }  // namespace
 
+// A variable-length batch (issue 34) through the metal host: one plan
+// executed, with the launches of a dense call (1 forward, 3 backward)
+// whatever the number of sequences, and the bits of the per-sequence calls
+// (Engine's default forward_varlen on the metal-sim engine: one ordinary
+// call per sequence) -- empty sequences, queries without keys included.
+void run_varlen_case(const std::vector<int32_t>& lens_q, const std::vector<int32_t>& lens_k,
+                     bool causal, int64_t window, bool alibi_sinks, bool split_alone = false) {
+    const int64_t H = 4, Hkv = 2, D = 48, n = int64_t(lens_q.size());
+    std::vector<int32_t> cu_q(1, 0), cu_k(1, 0);
+    for (int64_t b = 0; b < n; ++b) {
+        cu_q.push_back(cu_q.back() + lens_q[size_t(b)]);
+        cu_k.push_back(cu_k.back() + lens_k[size_t(b)]);
+    }
+    const int64_t tq = cu_q.back(), tk = cu_k.back();
+    std::mt19937 rng(34);
+    const std::vector<float> q = random_vector(size_t(tq * H * D), rng);
+    const std::vector<float> k = random_vector(size_t(tk * Hkv * D), rng);
+    const std::vector<float> v = random_vector(size_t(tk * Hkv * D), rng);
+    const std::vector<float> dout = random_vector(size_t(tq * H * D), rng);
+    const std::vector<float> slopes = random_vector(size_t(n * H), rng);
+    const std::vector<float> sinks = random_vector(size_t(H), rng);
+    auto view = [](const float* p, int64_t rows, int64_t heads, int64_t d) {
+        return TensorView{p, {rows, heads, d}, {heads * d, d, 1}};
+    };
+    const Sequences seqs = make_sequences("varlen test", cu_q.data(), n + 1, cu_k.data(), n + 1, tq, tk);
+    AttentionOptions options;
+    options.causal = causal;
+    options.window_left = window;
+    ScoreOptions score;
+    if (alibi_sinks) {
+        score.softcap = 4.0;
+        score.alibi_slopes = TensorView{slopes.data(), {n, H}, {H, 1}};
+        score.sinks = TensorView{sinks.data(), {H}, {1}};
+    }
+    HostOnSim host(true);
+    std::unique_ptr<Engine> sim = make_metal_sim_engine();
+    std::vector<float> o1(size_t(tq * H * D)), o2(o1.size()), lse1(size_t(H * tq)), lse2(lse1.size());
+    run_forward_varlen(host, seqs, view(q.data(), tq, H, D), view(k.data(), tk, Hkv, D),
+                       view(v.data(), tk, Hkv, D), options, score, o1.data(), lse1.data());
+    CHECK(host.executes == 1 && host.launches == 1);
+    run_forward_varlen(*sim, seqs, view(q.data(), tq, H, D), view(k.data(), tk, Hkv, D),
+                       view(v.data(), tk, Hkv, D), options, score, o2.data(), lse2.data(),
+                       VarlenSchedule::per_sequence);
+    if (!split_alone) {
+        CHECK(same_bits(o1.data(), o2.data(), o1.size() * 4));
+        CHECK(same_bits(lse1.data(), lse2.data(), lse1.size() * 4));
+    } else {  // alone, each sequence split its keys: a merge's roundings apart
+        auto close = [](const std::vector<float>& a, const std::vector<float>& b) {
+            double worst = 0, scale = 1;
+            for (size_t i = 0; i < a.size(); ++i) {
+                worst = std::max(worst, double(std::fabs(a[i] - b[i])));
+                scale = std::max(scale, double(std::fabs(b[i])));
+            }
+            return worst <= 1e-5 * scale;
+        };
+        CHECK(close(o1, o2));
+        CHECK(close(lse1, lse2));
+    }
+
+    std::vector<float> g1(size_t((tq + 2 * tk) * H * D)), g2(g1.size());
+    float ds1[4] = {0}, ds2[4] = {0};
+    auto grads = [&](std::vector<float>& g, float* ds, Engine& e, VarlenSchedule sched) {
+        run_backward_varlen(e, seqs, view(dout.data(), tq, H, D), view(q.data(), tq, H, D),
+                            view(k.data(), tk, Hkv, D), view(v.data(), tk, Hkv, D),
+                            view(o1.data(), tq, H, D), lse1.data(), options, score, g.data(),
+                            g.data() + tq * H * D, g.data() + tq * H * D + tk * Hkv * D,
+                            alibi_sinks ? ds : nullptr, sched);
+    };
+    grads(g1, ds1, host, VarlenSchedule::one_call);
+    CHECK(host.executes == 2 && host.launches == 1 + 3);
+    grads(g2, ds2, *sim, VarlenSchedule::per_sequence);
+    const size_t used = size_t((tq * H + 2 * tk * Hkv) * D);
+    CHECK(same_bits(g1.data(), g2.data(), used * 4));
+    CHECK(same_bits(ds1, ds2, sizeof ds1));
+    ++cases_run;
+}
+
 int main() {
     const Shape s{2, 37, 45, 4, 2, 32, true};
     const int64_t B = s.B, H = s.H, Tq = s.Tq, Tk = s.Tk;
@@ -325,6 +427,16 @@ int main() {
     run_case(s, &masks[1], 2, true, 5.0f, false, DType::f16);
     run_case(s, &masks[3], 3, true, 0.0f, true, DType::bf16);
     run_case(decode, &decode_mask, 1, true, 30.0f, false, DType::bf16);
+    // Varlen in one plan: mixed lengths, an empty sequence, queries without
+    // keys, decode rows against long keys (alone each would split its keys);
+    // 1 and 40 sequences give the same launch count.
+    run_varlen_case({7, 1, 40, 0, 13, 3}, {7, 30, 40, 5, 2, 0}, true, -1, false);
+    run_varlen_case({7, 1, 40, 0, 13, 3}, {7, 30, 40, 5, 2, 0}, false, 9, true);
+    run_varlen_case({1, 1, 2, 1}, {900, 700, 1100, 64}, false, -1, true, true);
+    run_varlen_case({65}, {130}, true, -1, false);
+    std::vector<int32_t> many_q, many_k;
+    for (int i = 0; i < 40; ++i) many_q.push_back(1 + (i * 7) % 23), many_k.push_back(1 + (i * 11) % 29);
+    run_varlen_case(many_q, many_k, true, -1, false);
     std::printf("%d cases\n", cases_run);
     return flashattn_test::finish("test_metal_host_sim");
 }

@@ -46,7 +46,7 @@ int main() {
         const Launch& l = plan.launches[0];
         CHECK(l.kernel == "flash_fwd_f32_hd64");
         CHECK((l.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::o, Slot::lse, Slot::params,
-                                              Slot::score, Slot::alibi, Slot::mask, Slot::sinks}));
+                                              Slot::score, Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs}));
         CHECK(same(l.grid, 4 * 4, 2, 2));  // 4 heads per kv head x 4 blocks of 32 rows
         CHECK(same(l.threadgroup, FA_THREADS, 1, 1));
         CHECK(has_constant(l, FA_FC_HEAD_FULL, 1) && has_constant(l, FA_FC_HEAD_VEC16, 1));
@@ -80,7 +80,7 @@ int main() {
         CHECK(same(fwd.grid, 1, 8, 8));
         CHECK((fwd.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::partial_o,
                                                 Slot::partial_lse, Slot::params, Slot::score,
-                                                Slot::alibi, Slot::mask, Slot::sinks}));
+                                                Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs}));
         const Launch& merge = plan.launches[1];
         CHECK(merge.kernel == "flash_fwd_merge_f32");
         CHECK((merge.buffers == std::vector<Slot>{Slot::partial_o, Slot::partial_lse, Slot::o,
@@ -155,14 +155,15 @@ int main() {
               plan.scratch[0].floats == 2 * 6 * 130);
         const Launch& pre = plan.launches[0];
         CHECK(pre.kernel == "flash_bwd_preprocess_f32");
-        CHECK((pre.buffers == std::vector<Slot>{Slot::dout, Slot::o, Slot::delta, Slot::params}));
+        CHECK((pre.buffers ==
+               std::vector<Slot>{Slot::dout, Slot::o, Slot::delta, Slot::params, Slot::seqs}));
         CHECK(same(pre.grid, 3, 6, 2));
         CHECK(same(pre.threadgroup, FA_PREPROCESS_THREADS, 1, 1));
         const Launch& dq = plan.launches[1];
         CHECK(dq.kernel == "flash_bwd_dq_f32_hd128");
         CHECK((dq.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse,
                                                Slot::delta, Slot::dq, Slot::params, Slot::score,
-                                               Slot::alibi, Slot::mask, Slot::sinks}));
+                                               Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs}));
         CHECK(same(dq.grid, 2 * 5, 3, 2));  // 2 heads per kv head x 5 blocks of 32 rows
         CHECK(same(dq.threadgroup, FA_THREADS, 1, 1));
         const Launch& dkdv = plan.launches[2];
@@ -170,7 +171,7 @@ int main() {
         CHECK((dkdv.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse,
                                                  Slot::delta, Slot::dk, Slot::dv, Slot::params,
                                                  Slot::score, Slot::alibi, Slot::mask,
-                                                 Slot::sinks}));
+                                                 Slot::sinks, Slot::seqs}));
         CHECK(same(dkdv.grid, 3, 3 * 2, 2));  // two column chunks of 64 per kv head
         CHECK(same(dkdv.threadgroup, FA_THREADS, 1, 1));
         // hd256 accumulates in column chunks: o in 2 of 128, dq and dk/dv in 4 of 64.
@@ -178,6 +179,34 @@ int main() {
         const Plan wide = plan_backward(params(1, 40, 40, 4, 2, 200));
         CHECK(same(wide.launches[1].grid, 4, 2 * 4, 1));  // 2 heads x 2 blocks of 32 rows
         CHECK(same(wide.launches[2].grid, 2, 2 * 4, 1));
+    }
+    // A variable-length batch (issue 34) is one plan: the launches of a dense
+    // call whatever the number of sequences, grid.z = the sequences, the
+    // grid sized by the longest, FA_FC_VARLEN set and the sequences' table
+    // bound; never split-KV, even for decode.
+    {
+        for (int seqs : {1, 7, 300}) {
+            FlashParams p = params(seqs, 113, 203, 8, 2, 64);  // 113 / 203: the longest
+            p.varlen_seqs = seqs;
+            const Plan dense_f = plan_forward(params(seqs, 113, 203, 8, 2, 64));
+            const Plan f = plan_forward(p);
+            CHECK(f.launches.size() == 1 && f.launches.size() == dense_f.launches.size());
+            CHECK(same(f.launches[0].grid, 4 * 4, 2, uint32_t(seqs)));
+            CHECK(has_constant(f.launches[0], FA_FC_VARLEN, 1));
+            CHECK(has_constant(dense_f.launches[0], FA_FC_VARLEN, 0));
+            CHECK(f.launches[0].buffers.back() == Slot::seqs);
+            const Plan b = plan_backward(p);
+            CHECK(b.launches.size() == 3 && b.launches.size() == plan_backward(params(seqs, 113, 203, 8, 2, 64)).launches.size());
+            for (const Launch& l : b.launches) {
+                CHECK(l.grid.z == uint32_t(seqs));
+                CHECK(l.buffers.back() == Slot::seqs);
+                if (!l.constants.empty()) CHECK(has_constant(l, FA_FC_VARLEN, 1));
+            }
+            FlashParams decode = params(seqs, 1, 4096, 32, 8, 128);
+            decode.varlen_seqs = seqs;
+            CHECK(plan_forward(decode).params.kv_splits == 1);
+            CHECK(plan_forward(decode).launches.size() == 1);
+        }
     }
     // Empty calls never reach a plan (run_forward answers them).
     CHECK_THROWS(std::invalid_argument, "plan_forward", plan_forward(params(1, 0, 5, 1, 1, 8)));

@@ -97,7 +97,7 @@ def test_planted_lane_map_fails_the_first_call_and_leaves_the_engine_out():
         _info.main([])
     """, FLASHATTN_METAL_SELFTEST="1")
     assert status == 0, out
-    failure = ("metal-sim engine self-test failed: pipeline 'flash_fwd_f32_hd64|0:0=1|1:0=1|2:1=0' "
+    failure = ("metal-sim engine self-test failed: pipeline 'flash_fwd_f32_hd64|0:0=1|1:0=1|2:1=0|3:0=0' "
                "(forward of the tiled probe call B=1 Tq=37 Tk=45 H=2 Hkv=1 D=64 float32 causal)")
     assert "raised: " + failure in out
     assert "RuntimeWarning: flashattn engine unavailable, 'metal-sim' left out of backends(). " \

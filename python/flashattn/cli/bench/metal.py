@@ -12,6 +12,11 @@ GFLOP/s and the ratios MLX / metal and cpu / metal (> 1: metal is faster).
 FLOPs as in the cpu bench: forward 4*B*H*Tq*Tk*D, halved for causal;
 backward 2.5x forward.
 
+Then varlen on the metal engine (issue 34; `bench options`' one-launch
+section with backend="metal"): 256 sequences of 64 tokens and a mixed
+batch, each as one plan (one command buffer), as one engine call per
+sequence, and as a dense batch of the same work.
+
 Then, with MLX, the in-stream section (instream.py): a small transformer's
 training step with flashattn.mlx running in MLX's own stream against the
 same model on ``mx.fast.scaled_dot_product_attention``, time and peak
@@ -32,7 +37,7 @@ import sys
 
 import numpy as np
 
-from . import instream
+from . import instream, options
 from .cpu import forward_flops, interleaved
 from .output import Column, Progress, Report, Table, ms_runs
 
@@ -189,6 +194,11 @@ def main(argv=None) -> int:
     report.line(f"float32, {args.repeat} timed runs per case after a warm-up, engines "
                 "interleaved, minimum shown")
     report.add(metal_table(rows, mx is not None))
+    # Varlen on the metal engine (issue 34): one plan per call against one
+    # engine call (command buffer, wait) per sequence, and a dense batch.
+    progress = Progress(1)
+    report.add(options.one_launch_section(args.repeat, progress, backend="metal"))
+    progress.close()
     report.print()
     report.write_json(args.json)
     if mx is not None:

@@ -207,9 +207,10 @@ def _causal_work(lengths):
     return sum(t * (t + 1) // 2 for t in lengths)
 
 
-def one_launch_section(repeat, progress):
+def one_launch_section(repeat, progress, backend="cpu"):
     """A varlen call, in one engine call and in one per sequence, against a
-    dense batch of the same work."""
+    dense batch of the same work, on `backend` (cpu here; bench --backend
+    metal runs it on the metal engine: one plan per varlen call there)."""
     import flashattn as fa
     from flashattn import _api
 
@@ -243,11 +244,11 @@ def one_launch_section(repeat, progress):
 
         def varlen(lse, q=q, k=k, v=v, cu=cu, per_sequence=False):
             return _api._attention_varlen(q, k, v, cu, cu, None, None, True, (-1, -1), None,
-                                          0.0, None, None, lse, "cpu", per_sequence)
+                                          0.0, None, None, lse, backend, per_sequence)
 
         def varlen_bwd(o, lse, q=q, k=k, v=v, cu=cu, do=do, per_sequence=False):
             _api._attention_varlen_backward(do, q, k, v, o, lse, cu, cu, None, None, True,
-                                            (-1, -1), None, 0.0, None, None, "cpu",
+                                            (-1, -1), None, 0.0, None, None, backend,
                                             per_sequence)
 
         def loop(lse, varlen=varlen):
@@ -257,10 +258,10 @@ def one_launch_section(repeat, progress):
             varlen_bwd(o, lse, per_sequence=True)
 
         def dense(lse, q=dq, k=dk, v=dv):
-            return fa.attention(q, k, v, causal=True, return_lse=lse, backend="cpu")
+            return fa.attention(q, k, v, causal=True, return_lse=lse, backend=backend)
 
         def dense_bwd(o, lse, q=dq, k=dk, v=dv, do=ddo):
-            fa.attention_backward(do, q, k, v, o, lse, causal=True, backend="cpu")
+            fa.attention_backward(do, q, k, v, o, lse, causal=True, backend=backend)
 
         for kind, f in zip(("fwd", "fwd+bwd"), passes(varlen, varlen_bwd)):
             fns[(name, kind, "varlen")] = f
@@ -273,8 +274,8 @@ def one_launch_section(repeat, progress):
     progress.step(f"varlen in one call, H={H}, D={D}")
     times = _interleaved(fns, repeat, progress)
 
-    table = Table("one-launch", "varlen in one call against a dense batch of the same work, cpu "
-                  f"engine, causal: H={H}, Hkv={Hkv}, D={D}; mixed: {n_mixed} lengths drawn from "
+    table = Table("one-launch", "varlen in one call against a dense batch of the same work, "
+                  f"{backend} engine, causal: H={H}, Hkv={Hkv}, D={D}; mixed: {n_mixed} lengths drawn from "
                   f"1..{longest} (seed 2), dense {n_mixed} x {rms} (the same sum T (T + 1) / 2 to "
                   "within rounding); / dense: time per unit of work (sum T (T + 1) / 2) over "
                   "dense's",
