@@ -71,7 +71,8 @@ public:
     // MTLDevice.architecture.name, e.g. "applegpu_g14d".
     const std::string& architecture() const { return architecture_; }
 
-    // Created once per kernel name and constant values, then cached.
+    // Created once per kernel name and constant values, then cached; the
+    // compile runs outside the cache lock (a look-up never waits on it).
     id<MTLComputePipelineState> pipeline(const std::string& kernel,
                                          const std::vector<FunctionConstant>& constants = {});
 
@@ -93,6 +94,8 @@ private:
         : device_(device), queue_(queue), library_(library),
           architecture_(std::move(architecture)), gpu_(gpu) {}
 
+    id<MTLComputePipelineState> build_pipeline(const std::string& kernel, const std::string& key,
+                                               const std::vector<FunctionConstant>& constants);
     id<MTLCommandQueue> queue();
     void replace_queue(id<MTLCommandQueue> failed);
 

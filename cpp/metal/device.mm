@@ -228,10 +228,19 @@ id<MTLComputePipelineState> Device::pipeline(const std::string& kernel,
         std::shared_lock<std::shared_mutex> lock(pipelines_mu_);
         if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;
     }
+    // Compiled with no lock held: a compile can take a while, and other
+    // threads' look-ups (of pipelines already built) must not wait behind it.
+    // Two threads that miss the same key both compile it; the first inserted
+    // is kept, so every caller gets the same pipeline object.
+    id<MTLComputePipelineState> built = build_pipeline(kernel, key, constants);
     std::unique_lock<std::shared_mutex> lock(pipelines_mu_);
-    // Another thread may have created it between the two locks.
-    if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;
+    return pipelines_.try_emplace(key, built).first->second;
+}
 
+// The pipeline for `kernel` with `constants` (cached under `key`), or a
+// std::runtime_error naming the kernel and Metal's reason.
+id<MTLComputePipelineState> Device::build_pipeline(const std::string& kernel, const std::string& key,
+                                                   const std::vector<FunctionConstant>& constants) {
     id<MTLComputePipelineState> state = nil;
     std::string failure;
     @autoreleasepool {
@@ -290,7 +299,6 @@ id<MTLComputePipelineState> Device::pipeline(const std::string& kernel,
     }
     if (!state) throw std::runtime_error("metal: cannot create the pipeline for kernel '" + key +
                                          "': " + failure);
-    pipelines_.emplace(key, state);
     return state;
 }
 
