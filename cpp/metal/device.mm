@@ -12,6 +12,7 @@
 #include "core/chunks.h"
 #include "core/interrupt.h"
 #include "core/selftest.h"
+#include "metal/command_buffer_error.h"
 #include "metal/pipeline_key.h"
 
 #include <dlfcn.h>
@@ -111,12 +112,32 @@ const char* encoder_state_name(MTLCommandEncoderErrorState state) {
     return "?";
 }
 
-// "MTLCommandBufferErrorTimeout (code 2): <the device's message>; encoders: <label> faulted, ..."
+static_assert(MTLCommandBufferErrorTimeout == kCommandBufferErrorTimeout,
+              "command_buffer_error.h's timeout code must be Metal's");
+
+// Every description an NSError carries: its own and its underlying errors'
+// (NSUnderlyingErrorKey), joined with "; ". The "Impacting Interactivity"
+// kill is known only by such text (command_buffer_error.h).
+std::string all_descriptions(NSError* error) {
+    std::string text;
+    for (int depth = 0; error && depth < 8; ++depth) {
+        if (!text.empty()) text += "; ";
+        text += describe(error);
+        id underlying = error.userInfo[NSUnderlyingErrorKey];
+        error = [underlying isKindOfClass:[NSError class]] ? (NSError*)underlying : nil;
+    }
+    return text;
+}
+
+// "MTLCommandBufferErrorTimeout (code 2): <the device's message>; encoders:
+// <label> faulted, ...", and the watchdog hint after a timeout or an
+// "Impacting Interactivity" kill (command_buffer_error.h decides which).
 std::string describe_command_buffer_error(id<MTLCommandBuffer> commands) {
     NSError* error = commands.error;
     if (!error) return "status " + std::to_string(long(commands.status)) + ", no error information";
+    const std::string descriptions = all_descriptions(error);
     std::string text = std::string(command_buffer_error_name(error.code)) + " (code " +
-                       std::to_string(long(error.code)) + "): " + describe(error);
+                       std::to_string(long(error.code)) + "): " + descriptions;
     NSArray* infos = error.userInfo[MTLCommandBufferEncoderInfoErrorKey];
     if ([infos isKindOfClass:[NSArray class]] && infos.count > 0) {
         text += "; encoders:";
@@ -124,10 +145,7 @@ std::string describe_command_buffer_error(id<MTLCommandBuffer> commands) {
             text += std::string(" ") + (info.label ? info.label.UTF8String : "?") + " " +
                     encoder_state_name(info.errorState);
     }
-    if (error.code == MTLCommandBufferErrorTimeout)
-        text += ". The GPU watchdog stopped it: set FLASHATTN_MAX_GROUPS_PER_PIECE to a smaller "
-                "number of threadgroups per piece";
-    return text;
+    return text + command_buffer_hint_text(long(error.code), descriptions);
 }
 
 MTLSize size_of(const Dim3& d) { return MTLSizeMake(d.x, d.y, d.z); }
