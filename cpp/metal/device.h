@@ -90,8 +90,8 @@ public:
 
 private:
     Device(id<MTLDevice> device, id<MTLCommandQueue> queue, id<MTLLibrary> library,
-           std::string architecture, GpuInfo gpu)
-        : device_(device), queue_(queue), library_(library),
+           id<MTLBuffer> unused_slot, std::string architecture, GpuInfo gpu)
+        : device_(device), queue_(queue), library_(library), unused_slot_(unused_slot),
           architecture_(std::move(architecture)), gpu_(gpu) {}
 
     id<MTLComputePipelineState> build_pipeline(const std::string& kernel, const std::string& key,
@@ -103,6 +103,10 @@ private:
     std::mutex queue_mu_;
     id<MTLCommandQueue> queue_;  // replaced after a command buffer fails
     id<MTLLibrary> library_;
+    // kUnusedSlotBytes of zeros, created once: what a launch's slots that the
+    // call does not use are bound to (staging.h, Binding::unused). Only read
+    // by no kernel, so calls on several threads may share it.
+    id<MTLBuffer> unused_slot_;
     std::string architecture_;
     GpuInfo gpu_;
     std::shared_mutex pipelines_mu_;

@@ -198,12 +198,20 @@ std::unique_ptr<Device> Device::create_default() {
         if (!queue) throw std::runtime_error("metal: could not create a command queue on " +
                                              std::string(device.name.UTF8String));
         id<MTLLibrary> library = load_library(device);
+        // Zero-filled (newBufferWithLength clears it); its base is page
+        // aligned, so offset 0 is 16-byte aligned.
+        id<MTLBuffer> unused_slot = [device newBufferWithLength:kUnusedSlotBytes
+                                                        options:MTLResourceStorageModeShared];
+        if (!unused_slot)
+            throw std::runtime_error("metal: could not allocate the " +
+                                     std::to_string(kUnusedSlotBytes) + "-byte buffer for unused "
+                                     "argument slots on " + std::string(device.name.UTF8String));
         // The GPU's class and core count, as the plan sizes split-KV decode
         // for it (core/gpu_info.h).
         const std::string architecture =
             device.architecture.name ? std::string(device.architecture.name.UTF8String) : "";
         const GpuInfo gpu = gpu_info_from(registry_gpu_cores(device), architecture);
-        return std::unique_ptr<Device>(new Device(device, queue, library, architecture, gpu));
+        return std::unique_ptr<Device>(new Device(device, queue, library, unused_slot, architecture, gpu));
     }
 }
 
@@ -419,10 +427,13 @@ void Device::execute(const Plan& plan, const Call& call) {
                     } else if (slot == Slot::score) {
                         [encoder setBytes:&plan.score length:sizeof(FlashScoreParams) atIndex:index];
                     } else {
-                        // A score array the call does not use is bound to
-                        // the launch's first buffer (staging.h, buffer_for).
+                        // A score array the call does not use gets the
+                        // dedicated unused-slot buffer (staging.h, buffer_for).
                         const Call::Binding& bound = call.buffer_for(launch, index);
-                        [encoder setBuffer:bound.handle offset:bound.offset atIndex:index];
+                        if (bound.unused)
+                            [encoder setBuffer:unused_slot_ offset:0 atIndex:index];
+                        else
+                            [encoder setBuffer:bound.handle offset:bound.offset atIndex:index];
                     }
                 }
                 // Serial dispatch (the default encoder): each launch sees the
