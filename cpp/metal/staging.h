@@ -4,7 +4,10 @@
 //      earlier call, fa.empty, fa.asarray): bound in place at its offset;
 //   2. no copy: the host memory it spans (first to last element, rounded out
 //      to whole pages) is wrapped by the backend (newBufferWithBytesNoCopy),
-//      read only, for the call; its strides are kept;
+//      read only, for this call only: a wrap is never cached across calls,
+//      since the engine does not own the host memory, which NumPy may free
+//      and reuse between calls (docs/metal.md, "No-copy wraps"); its
+//      strides are kept;
 //   3. one copy of the memory it spans into a pooled buffer, strides kept, so
 //      a broadcast or overlapping view (stride 0, k/v of 2^31 logical
 //      elements over 134 MB) costs its span, never its logical size; only a
