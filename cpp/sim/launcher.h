@@ -72,7 +72,7 @@ std::map<std::string, OpCounts> op_counts_by_kernel();
 // have), as the metal host binds its dedicated buffer there (metal/staging.h,
 // Binding::unused): 16 bytes, 16-byte aligned, holding four quiet NaNs as
 // float32, so a kernel that did read it would turn an output NaN or, read as
-// a bool mask, mask keys out; past its 16 bytes ASan reports the read.
+// a bool mask, mask keys out.
 void* unused_slot_buffer();
 
 // Runs every launch of a plan; slots[s] is the memory bound to Slot s
