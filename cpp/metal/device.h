@@ -71,7 +71,8 @@ public:
     // MTLDevice.architecture.name, e.g. "applegpu_g14d".
     const std::string& architecture() const { return architecture_; }
 
-    // Created once per kernel name and constant values, then cached.
+    // Created once per kernel name and constant values, then cached; the
+    // compile runs outside the cache lock (a look-up never waits on it).
     id<MTLComputePipelineState> pipeline(const std::string& kernel,
                                          const std::vector<FunctionConstant>& constants = {});
 
@@ -89,10 +90,12 @@ public:
 
 private:
     Device(id<MTLDevice> device, id<MTLCommandQueue> queue, id<MTLLibrary> library,
-           std::string architecture, GpuInfo gpu)
-        : device_(device), queue_(queue), library_(library),
+           id<MTLBuffer> unused_slot, std::string architecture, GpuInfo gpu)
+        : device_(device), queue_(queue), library_(library), unused_slot_(unused_slot),
           architecture_(std::move(architecture)), gpu_(gpu) {}
 
+    id<MTLComputePipelineState> build_pipeline(const std::string& kernel, const std::string& key,
+                                               const std::vector<FunctionConstant>& constants);
     id<MTLCommandQueue> queue();
     void replace_queue(id<MTLCommandQueue> failed);
 
@@ -100,6 +103,10 @@ private:
     std::mutex queue_mu_;
     id<MTLCommandQueue> queue_;  // replaced after a command buffer fails
     id<MTLLibrary> library_;
+    // kUnusedSlotBytes of zeros, created once: what a launch's slots that the
+    // call does not use are bound to (staging.h, Binding::unused). Only read
+    // by no kernel, so calls on several threads may share it.
+    id<MTLBuffer> unused_slot_;
     std::string architecture_;
     GpuInfo gpu_;
     std::shared_mutex pipelines_mu_;

@@ -12,6 +12,7 @@
 #include "core/chunks.h"
 #include "core/interrupt.h"
 #include "core/selftest.h"
+#include "metal/command_buffer_error.h"
 #include "metal/pipeline_key.h"
 
 #include <dlfcn.h>
@@ -111,12 +112,32 @@ const char* encoder_state_name(MTLCommandEncoderErrorState state) {
     return "?";
 }
 
-// "MTLCommandBufferErrorTimeout (code 2): <the device's message>; encoders: <label> faulted, ..."
+static_assert(MTLCommandBufferErrorTimeout == kCommandBufferErrorTimeout,
+              "command_buffer_error.h's timeout code must be Metal's");
+
+// Every description an NSError carries: its own and its underlying errors'
+// (NSUnderlyingErrorKey), joined with "; ". The "Impacting Interactivity"
+// kill is known only by such text (command_buffer_error.h).
+std::string all_descriptions(NSError* error) {
+    std::string text;
+    for (int depth = 0; error && depth < 8; ++depth) {
+        if (!text.empty()) text += "; ";
+        text += describe(error);
+        id underlying = error.userInfo[NSUnderlyingErrorKey];
+        error = [underlying isKindOfClass:[NSError class]] ? (NSError*)underlying : nil;
+    }
+    return text;
+}
+
+// "MTLCommandBufferErrorTimeout (code 2): <the device's message>; encoders:
+// <label> faulted, ...", and the watchdog hint after a timeout or an
+// "Impacting Interactivity" kill (command_buffer_error.h decides which).
 std::string describe_command_buffer_error(id<MTLCommandBuffer> commands) {
     NSError* error = commands.error;
     if (!error) return "status " + std::to_string(long(commands.status)) + ", no error information";
+    const std::string descriptions = all_descriptions(error);
     std::string text = std::string(command_buffer_error_name(error.code)) + " (code " +
-                       std::to_string(long(error.code)) + "): " + describe(error);
+                       std::to_string(long(error.code)) + "): " + descriptions;
     NSArray* infos = error.userInfo[MTLCommandBufferEncoderInfoErrorKey];
     if ([infos isKindOfClass:[NSArray class]] && infos.count > 0) {
         text += "; encoders:";
@@ -124,10 +145,7 @@ std::string describe_command_buffer_error(id<MTLCommandBuffer> commands) {
             text += std::string(" ") + (info.label ? info.label.UTF8String : "?") + " " +
                     encoder_state_name(info.errorState);
     }
-    if (error.code == MTLCommandBufferErrorTimeout)
-        text += ". The GPU watchdog stopped it: set FLASHATTN_MAX_GROUPS_PER_PIECE to a smaller "
-                "number of threadgroups per piece";
-    return text;
+    return text + command_buffer_hint_text(long(error.code), descriptions);
 }
 
 MTLSize size_of(const Dim3& d) { return MTLSizeMake(d.x, d.y, d.z); }
@@ -180,12 +198,20 @@ std::unique_ptr<Device> Device::create_default() {
         if (!queue) throw std::runtime_error("metal: could not create a command queue on " +
                                              std::string(device.name.UTF8String));
         id<MTLLibrary> library = load_library(device);
+        // Zero-filled (newBufferWithLength clears it); its base is page
+        // aligned, so offset 0 is 16-byte aligned.
+        id<MTLBuffer> unused_slot = [device newBufferWithLength:kUnusedSlotBytes
+                                                        options:MTLResourceStorageModeShared];
+        if (!unused_slot)
+            throw std::runtime_error("metal: could not allocate the " +
+                                     std::to_string(kUnusedSlotBytes) + "-byte buffer for unused "
+                                     "argument slots on " + std::string(device.name.UTF8String));
         // The GPU's class and core count, as the plan sizes split-KV decode
         // for it (core/gpu_info.h).
         const std::string architecture =
             device.architecture.name ? std::string(device.architecture.name.UTF8String) : "";
         const GpuInfo gpu = gpu_info_from(registry_gpu_cores(device), architecture);
-        return std::unique_ptr<Device>(new Device(device, queue, library, architecture, gpu));
+        return std::unique_ptr<Device>(new Device(device, queue, library, unused_slot, architecture, gpu));
     }
 }
 
@@ -228,10 +254,19 @@ id<MTLComputePipelineState> Device::pipeline(const std::string& kernel,
         std::shared_lock<std::shared_mutex> lock(pipelines_mu_);
         if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;
     }
+    // Compiled with no lock held: a compile can take a while, and other
+    // threads' look-ups (of pipelines already built) must not wait behind it.
+    // Two threads that miss the same key both compile it; the first inserted
+    // is kept, so every caller gets the same pipeline object.
+    id<MTLComputePipelineState> built = build_pipeline(kernel, key, constants);
     std::unique_lock<std::shared_mutex> lock(pipelines_mu_);
-    // Another thread may have created it between the two locks.
-    if (auto it = pipelines_.find(key); it != pipelines_.end()) return it->second;
+    return pipelines_.try_emplace(key, built).first->second;
+}
 
+// The pipeline for `kernel` with `constants` (cached under `key`), or a
+// std::runtime_error naming the kernel and Metal's reason.
+id<MTLComputePipelineState> Device::build_pipeline(const std::string& kernel, const std::string& key,
+                                                   const std::vector<FunctionConstant>& constants) {
     id<MTLComputePipelineState> state = nil;
     std::string failure;
     @autoreleasepool {
@@ -290,7 +325,6 @@ id<MTLComputePipelineState> Device::pipeline(const std::string& kernel,
     }
     if (!state) throw std::runtime_error("metal: cannot create the pipeline for kernel '" + key +
                                          "': " + failure);
-    pipelines_.emplace(key, state);
     return state;
 }
 
@@ -393,10 +427,13 @@ void Device::execute(const Plan& plan, const Call& call) {
                     } else if (slot == Slot::score) {
                         [encoder setBytes:&plan.score length:sizeof(FlashScoreParams) atIndex:index];
                     } else {
-                        // A score array the call does not use is bound to
-                        // the launch's first buffer (staging.h, buffer_for).
+                        // A score array the call does not use gets the
+                        // dedicated unused-slot buffer (staging.h, buffer_for).
                         const Call::Binding& bound = call.buffer_for(launch, index);
-                        [encoder setBuffer:bound.handle offset:bound.offset atIndex:index];
+                        if (bound.unused)
+                            [encoder setBuffer:unused_slot_ offset:0 atIndex:index];
+                        else
+                            [encoder setBuffer:bound.handle offset:bound.offset atIndex:index];
                     }
                 }
                 // Serial dispatch (the default encoder): each launch sees the

@@ -4,7 +4,10 @@
 //      earlier call, fa.empty, fa.asarray): bound in place at its offset;
 //   2. no copy: the host memory it spans (first to last element, rounded out
 //      to whole pages) is wrapped by the backend (newBufferWithBytesNoCopy),
-//      read only, for the call; its strides are kept;
+//      read only, for this call only: a wrap is never cached across calls,
+//      since the engine does not own the host memory, which NumPy may free
+//      and reuse between calls (docs/metal.md, "No-copy wraps"); its
+//      strides are kept;
 //   3. one copy of the memory it spans into a pooled buffer, strides kept, so
 //      a broadcast or overlapping view (stride 0, k/v of 2^31 logical
 //      elements over 134 MB) costs its span, never its logical size; only a
@@ -162,6 +165,10 @@ struct ScoreSpan {
     }
 };
 
+// The size of the buffer an executor binds to a slot the call does not use
+// (CallBuffers::Binding::unused): one 16-byte-aligned block, never read.
+constexpr size_t kUnusedSlotBytes = 16;
+
 template <class Pool>
 class CallBuffers {
 public:
@@ -172,6 +179,10 @@ public:
         Handle handle{};
         size_t offset = 0;  // bytes
         bool bound = false;
+        // A slot the launch declares but this call does not use (a score
+        // option it does not have): the executor binds its own dedicated
+        // buffer of kUnusedSlotBytes at offset 0 there (see buffer_for).
+        bool unused = false;
     };
 
     // q, k, v, o, do and the gradients are of the call's dtype (es bytes
@@ -232,15 +243,17 @@ public:
 
     // What [[buffer(index)]] of `launch` is bound to (Slot::params and
     // Slot::score go by value, not here): the slot's buffer; for a score
-    // array the call does not use, the launch's first buffer, which the
-    // kernel does not read (Metal wants a buffer at every index). Throws
+    // array the call does not use, a Binding marked `unused`, for which the
+    // executor binds a small dedicated buffer (Metal wants a buffer at every
+    // index the kernel declares; the kernels do not read it without the
+    // option's score_mods bit). Not another argument at some offset: Metal's
+    // API validation layer flags a binding at an odd offset. Throws
     // std::runtime_error when the call has no buffer the kernel reads.
     const Binding& buffer_for(const Launch& launch, size_t index) const {
         const Slot s = launch.buffers[index];
         const Binding& b = binding(s);
         if (b.bound) return b;
-        if (is_score_slot(s) && !score_slot_used(s, params_.score_mods) && index > 0)
-            return buffer_for(launch, 0);
+        if (is_score_slot(s) && !score_slot_used(s, params_.score_mods)) return unused_;
         throw std::runtime_error("metal: kernel '" + launch.kernel + "' binds '" + slot_name(s) +
                                  "', which this call has no buffer for");
     }
@@ -385,6 +398,7 @@ private:
     }
 
     Pool* pool_;
+    Binding unused_{Handle{}, 0, false, true};
     FlashParams params_;
     FlashScoreParams score_{};
     std::array<Binding, kSlotCount> slots_{};

@@ -16,13 +16,13 @@ namespace flashattn {
 namespace {
 
 // The score options' arrays, bound in place as core/score_arrays.h describes
-// them; one the call does not use is bound to `any` (the kernels read none
-// of them without its score_mods bit, as the metal host does); so is the
-// varlen table's slot, which a dense call's kernels never read.
-void bind_score_arrays(sim::SlotPointers& slots, const FlashParams& p, const ScoreInputs& in,
-                       const void* any) {
+// them; one the call does not use is bound to the launcher's unused-slot
+// buffer, as the metal host binds its dedicated buffer there (the kernels
+// read none of them without its score_mods bit); so is the varlen table's
+// slot, which a dense call's kernels never read.
+void bind_score_arrays(sim::SlotPointers& slots, const FlashParams& p, const ScoreInputs& in) {
     for (Slot s : {Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs})
-        slots[size_t(s)] = const_cast<void*>(any);
+        slots[size_t(s)] = sim::unused_slot_buffer();
     for (const ScoreArray& a : score_arrays(p, in)) slots[size_t(a.slot)] = const_cast<void*>(a.data);
 }
 
@@ -96,7 +96,7 @@ private:
         Plan plan = plan_forward(p, io.dtype);
         plan.score = io.score.params;
         sim::SlotPointers slots{};
-        bind_score_arrays(slots, p, io.score, io.q);
+        bind_score_arrays(slots, p, io.score);
         slots[size_t(Slot::q)] = const_cast<void*>(io.q);
         slots[size_t(Slot::k)] = const_cast<void*>(io.k);
         slots[size_t(Slot::v)] = const_cast<void*>(io.v);
@@ -110,7 +110,7 @@ private:
         Plan plan = plan_backward(p, io.dtype);
         plan.score = io.score.params;
         sim::SlotPointers slots{};
-        bind_score_arrays(slots, p, io.score, io.q);
+        bind_score_arrays(slots, p, io.score);
         slots[size_t(Slot::dout)] = const_cast<void*>(io.dout);
         slots[size_t(Slot::q)] = const_cast<void*>(io.q);
         slots[size_t(Slot::k)] = const_cast<void*>(io.k);

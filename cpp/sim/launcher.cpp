@@ -21,6 +21,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <new>
@@ -568,6 +569,14 @@ void run_launch(const Kernel& kernel, const std::vector<Binding>& buffers, Dim3 
 }
 
 const char* execution_mode() { return LaunchState::fibers_enabled() ? "fibers" : "threads"; }
+
+void* unused_slot_buffer() {
+    alignas(16) static float poison[4] = {std::numeric_limits<float>::quiet_NaN(),
+                                          std::numeric_limits<float>::quiet_NaN(),
+                                          std::numeric_limits<float>::quiet_NaN(),
+                                          std::numeric_limits<float>::quiet_NaN()};
+    return poison;
+}
 
 void run_plan(const Plan& plan, const SlotPointers& call_slots) {
     // The plan's scratch lives for the call, as the metal host's pool leases do.

@@ -68,6 +68,13 @@ void reset_op_counts();
 // at a time (run_launch holds a lock), so each launch's counts are its own.
 std::map<std::string, OpCounts> op_counts_by_kernel();
 
+// What a slot the call does not use is bound to (a score option it does not
+// have), as the metal host binds its dedicated buffer there (metal/staging.h,
+// Binding::unused): 16 bytes, 16-byte aligned, holding four quiet NaNs as
+// float32, so a kernel that did read it would turn an output NaN or, read as
+// a bool mask, mask keys out.
+void* unused_slot_buffer();
+
 // Runs every launch of a plan; slots[s] is the memory bound to Slot s
 // (Slot::params is taken from plan.params, the plan's scratch is allocated here).
 using SlotPointers = std::array<void*, kSlotCount>;

@@ -39,6 +39,14 @@ namespace {
 
 using HostCall = CallBuffers<HostPool>;
 
+// The executor's dedicated buffer for slots a call does not use, as
+// device.mm's Device holds one (staging.h, Binding::unused): 16 bytes of
+// 0xff here, unlike the metal-sim engine's (four NaNs), so that a kernel
+// reading it would give other bits than that engine (a bool mask read as
+// all true there, partly false here) or non-finite outputs (a float read).
+alignas(16) unsigned char g_unused_slot[kUnusedSlotBytes];
+int g_unused_bound = 0;  // slots bound to it, over the plan's launches
+
 // Binds each slot as device.mm's encoder does (buffer_for), then has
 // metal-sim run the plan (which allocates the plan's scratch itself).
 void execute_on_sim(const Plan& plan, const HostCall& call) {
@@ -49,11 +57,15 @@ void execute_on_sim(const Plan& plan, const HostCall& call) {
             const Slot s = launch.buffers[i];
             if (s == Slot::params || s == Slot::score) continue;
             const HostCall::Binding& b = call.buffer_for(launch, i);
-            void* ptr = static_cast<char*>(b.handle->data) + b.offset;
-            // One buffer per slot and call (a dense call's unused sequences'
-            // table is each launch's first buffer, as an unused score array's).
-            CHECK(!seen[size_t(s)] || slots[size_t(s)] == ptr ||
-                  (s == Slot::seqs && !call.binding(Slot::seqs).bound));
+            // Only a score option the call does not have is unused, and the
+            // varlen sequences' table of a dense call.
+            const bool optional = is_score_slot(s) && !score_slot_used(s, plan.params.score_mods);
+            CHECK(b.unused == (optional && !(s == Slot::seqs && call.binding(s).bound)));
+            CHECK(b.unused != b.bound);
+            if (b.unused && s != Slot::seqs) ++g_unused_bound;
+            void* ptr = b.unused ? static_cast<void*>(g_unused_slot)
+                                 : static_cast<char*>(b.handle->data) + b.offset;
+            CHECK(!seen[size_t(s)] || slots[size_t(s)] == ptr);  // one buffer per slot and call
             slots[size_t(s)] = ptr;
             seen[size_t(s)] = true;
         }
@@ -229,6 +241,7 @@ void run_case(const Shape& s, const MaskCase* m, int alibi_kind, bool sinks, flo
                               " Tk=" + std::to_string(s.Tk);
 
     // Forward on both.
+    g_unused_bound = 0;
     std::vector<float> o_sim(static_cast<size_t>(nq)), lse_sim(static_cast<size_t>(lse_elements(p)));
     run_forward(sim_engine, p, {q, k, v, o_sim.data(), lse_sim.data(), score, dt});
     float* o = out_pool(size_t(nq));
@@ -267,6 +280,22 @@ void run_case(const Shape& s, const MaskCase* m, int alibi_kind, bool sinks, flo
                         same_bits(dv, g_sim[2].data(), size_t(nkv) * es) &&
                         same_bits(ds_host.data(), ds_sim.data(), ds_sim.size() * sizeof(float));
     CHECK(bwd_ok);
+
+    // The slots of the options this call lacks went to the dedicated buffer
+    // (each launch binds all three score slots), and none of them was read:
+    // the bits above match the metal-sim engine's, whose buffer differs, and
+    // every float32 output is finite.
+    const int unused_options = (alibi_kind == 0) + (!m) + (!sinks);
+    CHECK((g_unused_bound > 0) == (unused_options > 0));
+    if (dt == DType::f32) {
+        bool finite = true;
+        for (const float* a : {static_cast<const float*>(o), static_cast<const float*>(dq),
+                               static_cast<const float*>(dk), static_cast<const float*>(dv)}) {
+            const size_t n = size_t(a == o || a == dq ? nq : nkv);
+            for (size_t i = 0; i < n; ++i) finite = finite && std::isfinite(a[i]);
+        }
+        CHECK(finite);
+    }
 
     // What crossed: every array but the score options' is a pool buffer.
     // Slopes: 4 H bytes broadcast, 4 B H otherwise; sinks 4 H.
@@ -381,6 +410,7 @@ void run_varlen_case(const std::vector<int32_t>& lens_q, const std::vector<int32
 }
 
 int main() {
+    std::memset(g_unused_slot, 0xff, sizeof g_unused_slot);
     const Shape s{2, 37, 45, 4, 2, 32, true};
     const int64_t B = s.B, H = s.H, Tq = s.Tq, Tk = s.Tk;
     const int64_t dense = B * H * Tq * Tk;
@@ -407,7 +437,7 @@ int main() {
         {"float (Tq,Tk) page aligned", false, {0, 0, Tk, 1}, 0, Tq * Tk, MaskCase::page_aligned,
          4 * Tq * Tk, false},
     };
-    // No option at all: the score slots are bound to the launch's first buffer.
+    // No option at all: the score slots are bound to the dedicated buffer.
     run_case(s, nullptr, 0, false, 0.0f, false);
     for (size_t i = 0; i < masks.size(); ++i) {
         const int alibi = int(i % 4);

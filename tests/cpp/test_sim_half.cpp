@@ -94,9 +94,10 @@ Pair make(size_t n, DType dt, std::mt19937& rng, float range) {
 }
 
 void run(const Plan& plan, sim::SlotPointers slots) {
-    // The score options' arrays are read only with their bits set: any buffer.
+    // The score options' arrays (and the varlen table) are read only with
+    // their bits set: the unused-slot buffer, as the metal host binds.
     for (Slot s : {Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs})
-        slots[size_t(s)] = slots[size_t(Slot::q)];
+        slots[size_t(s)] = sim::unused_slot_buffer();
     sim::run_plan(plan, slots);
 }
 
