@@ -19,6 +19,7 @@ and once more with them opaque (the kernel for any value). Every kernel the
 planted kernels that prove the gate can fail).
 """
 import argparse
+import concurrent.futures
 import os
 import re
 import subprocess
@@ -229,6 +230,10 @@ def main():
     for job in jobs:
         units.setdefault(job["constants"], []).append(job)
     extra = sorted({os.path.dirname(s) for s in sources} - {os.path.join(root, "shaders")})
+    # The units' compiles are independent: FLASHATTN_JOBS of them at a time
+    # (the gate is most of the C++ tests' time in CI).
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=max(1, int(os.environ.get("FLASHATTN_JOBS", "2"))))
+    compiled = []
     for n, (constants, unit_jobs) in enumerate(sorted(units.items(), key=lambda u: (u[0] is not None, u[0] or ()))):
         unit_dir = os.path.join(a.work, "unit%d" % n)
         os.makedirs(unit_dir, exist_ok=True)
@@ -238,8 +243,10 @@ def main():
             f.writelines("FA_GATE_CONSTANT(%d, %du)\n" % c for c in (constants or ()))
         with open(os.path.join(unit_dir, "gate_list.inc"), "w") as f:
             f.writelines("FA_GATE_KERNEL(%s, %d, %s)\n" % (symbol(j), j["threads"], j["fn"]) for j in unit_jobs)
-        amd_asm, amd_remarks = compile_target(a.clang, "amdgcn", unit_dir, proxy, root, extra, constants is not None)
-        ptx, _ = compile_target(a.clang, "nvptx", unit_dir, proxy, root, extra, constants is not None)
+        compiled.append((unit_jobs, [pool.submit(compile_target, a.clang, target, unit_dir, proxy, root, extra,
+                                                 constants is not None) for target in ("amdgcn", "nvptx")]))
+    for unit_jobs, (amd_build, nv_build) in compiled:
+        (amd_asm, amd_remarks), (ptx, _) = amd_build.result(), nv_build.result()
         if ".amdhsa_wavefront_size32 1" not in amd_asm:
             fail("the amdgcn build is not wave32")
         amd, nv = amdgcn_usage(amd_remarks), nvptx_usage(ptx)

@@ -96,6 +96,30 @@ def restore_threads():
     fa.set_num_threads(n)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_logreport(report):
+    """Each failure's report as it happens, not only in the summary at the
+    end: a run cut short (CI's time limit) or a log kept only in part still
+    says what failed and why."""
+    if not report.failed:
+        return
+    config = _SESSION.get("config")
+    tr = config.pluginmanager.get_plugin("terminalreporter") if config else None
+    if tr is None:
+        return
+    tr.write_line("")
+    tr.write_line(f"FAILED {report.nodeid} ({report.when}):", red=True)
+    text = str(report.longrepr)
+    tr.write_line(text if len(text) <= 4000 else "... " + text[-4000:])
+
+
+_SESSION: dict = {}
+
+
+def pytest_configure(config):
+    _SESSION["config"] = config
+
+
 def pytest_terminal_summary(terminalreporter):
     _drop_in_summary(terminalreporter)
     if not WORST:
