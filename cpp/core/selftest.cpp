@@ -11,6 +11,7 @@
 
 #include "core/half.h"
 #include "core/params.h"
+#include "core/varlen.h"
 #include "metal/pipeline_key.h"
 
 namespace flashattn {
@@ -129,12 +130,17 @@ TensorView view(const void* data, std::vector<int64_t> shape, DType dtype) {
 struct ProbeShape {
     int B, Tq, Tk, H, Hkv;
     const char* what;
+    // A varlen probe: B sequences of these lengths, packed (Tq, Tk: the totals).
+    std::vector<int> lens_q = {}, lens_k = {};
 };
-constexpr ProbeShape kProbes[] = {
+const ProbeShape kProbes[] = {
     {1, 37, 45, 2, 1, "tiled"},             // two row blocks, several key blocks, GQA
     {1, 1, 600, 2, 1, "split-KV decode"},   // one row block: split keys and the merge
     {1, 1, 45, 2, 2, "one-row decode"},     // one query row per head
 };
+// The varlen pipelines' probe: sequences longer and shorter than a block,
+// one of a single query, one without queries and one without keys.
+const ProbeShape kVarlenProbe = {1, 50, 81, 2, 1, "varlen", {37, 1, 0, 12}, {45, 30, 6, 0}};
 
 class Probe {
 public:
@@ -145,16 +151,17 @@ public:
         Lcg rng{0x5e1f7e57ull + uint64_t(D)};
         for (Array* a : {&q_, &k_, &v_, &dout_})
             for (size_t i = 0; i < a->size(); ++i) a->set(i, rng.next(-1.0f, 1.0f));
-        AttentionOptions options;
-        options.causal = true;
+        options_.causal = true;
         p_ = make_forward_params(view(q_.data(), {s.B, s.Tq, s.H, D}, dtype),
                                  view(k_.data(), {s.B, s.Tk, s.Hkv, D}, dtype),
-                                 view(v_.data(), {s.B, s.Tk, s.Hkv, D}, dtype), options);
-        ScoreOptions score;
+                                 view(v_.data(), {s.B, s.Tk, s.Hkv, D}, dtype), options_);
+        ScoreOptions& score = score_options_;
         if (score_mods & FA_SCORE_SOFTCAP) score.softcap = 3.0;
+        const int slope_rows = varlen() ? int(s.lens_q.size()) : 1;  // varlen: (batch, H)
         if (score_mods & FA_SCORE_ALIBI) {
-            for (int h = 0; h < s.H; ++h) alibi_.push_back(0.25f / float(h + 1));
-            score.alibi_slopes = view(alibi_.data(), {1, s.H}, DType::f32);
+            for (int r = 0; r < slope_rows; ++r)
+                for (int h = 0; h < s.H; ++h) alibi_.push_back(0.25f / float(h + 1 + r));
+            score.alibi_slopes = view(alibi_.data(), {slope_rows, s.H}, DType::f32);
         }
         const size_t mask_n = size_t(s.B) * s.H * s.Tq * s.Tk;
         if (score_mods & FA_SCORE_MASK_BOOL) {
@@ -171,7 +178,20 @@ public:
             for (int h = 0; h < s.H; ++h) sinks_.push_back(h % 2 ? -1.0f : 0.5f);
             score.sinks = view(sinks_.data(), {s.H}, DType::f32);
         }
-        score_ = make_score_inputs("self-test", p_, score);
+        if (!varlen()) {
+            score_ = make_score_inputs("self-test", p_, score);
+            return;
+        }
+        std::vector<int32_t> cu_q{0}, cu_k{0};
+        for (size_t b = 0; b < s.lens_q.size(); ++b) {
+            cu_q.push_back(cu_q.back() + s.lens_q[b]);
+            cu_k.push_back(cu_k.back() + s.lens_k[b]);
+        }
+        const int64_t n = int64_t(cu_q.size());
+        seqs_ = make_sequences("self-test", cu_q.data(), n, cu_k.data(), n, s.Tq, s.Tk);
+        p_ = make_varlen("self-test", seqs_, rows(q_, s.H), rows(k_, s.Hkv), rows(v_, s.Hkv),
+                         options_, score, score_)
+                 .packed;
     }
 
     const FlashParams& params() const { return p_; }
@@ -182,6 +202,11 @@ public:
           << " Tq=" << s_.Tq << " Tk=" << s_.Tk << " H=" << s_.H << " Hkv=" << s_.Hkv << " D=" << D_
           << " " << dtype_name(dtype_) << " causal"
           << (p_.score_mods ? " with score options " + std::to_string(p_.score_mods) : "");
+        if (varlen()) {
+            d << ", sequences of";
+            for (size_t b = 0; b < s_.lens_q.size(); ++b)
+                d << (b ? ", " : " ") << s_.lens_q[b] << "x" << s_.lens_k[b];
+        }
         return d.str();
     }
 
@@ -209,7 +234,18 @@ public:
     }
 
 private:
+    bool varlen() const { return !s_.lens_q.empty(); }
+    // A packed array as the varlen calls take it: (total rows, heads, D).
+    TensorView rows(Array& a, int heads) const {
+        return view(a.data(), {int64_t(a.size()) / (int64_t(heads) * D_), heads, D_}, dtype_);
+    }
+
     void forward(Engine& engine, Array& o, std::vector<float>& lse) {
+        if (varlen()) {
+            run_forward_varlen(engine, seqs_, rows(q_, s_.H), rows(k_, s_.Hkv), rows(v_, s_.Hkv),
+                               options_, score_options_, o.data(), lse.data());
+            return;
+        }
         ForwardIO io{q_.data(), k_.data(), v_.data(), o.data(), lse.data()};
         io.score = score_;
         io.dtype = dtype_;
@@ -217,6 +253,14 @@ private:
     }
     void backward(Engine& engine, Array& o, std::vector<float>& lse, Array& dq, Array& dk,
                   Array& dv) {
+        if (varlen()) {
+            std::vector<float> dsinks(size_t(s_.H));
+            run_backward_varlen(engine, seqs_, rows(dout_, s_.H), rows(q_, s_.H), rows(k_, s_.Hkv),
+                                rows(v_, s_.Hkv), rows(o, s_.H), lse.data(), options_,
+                                score_options_, dq.data(), dk.data(), dv.data(),
+                                sinks_.empty() ? nullptr : dsinks.data());
+            return;
+        }
         BackwardIO io{dout_.data(), q_.data(), k_.data(), v_.data(), o.data(), lse.data(),
                       dq.data(),    dk.data(), dv.data()};
         io.score = score_;
@@ -261,8 +305,11 @@ private:
     Array q_, k_, v_, dout_;
     std::vector<float> alibi_, mask_float_, sinks_;
     std::vector<unsigned char> mask_bool_;
-    FlashParams p_{};
+    FlashParams p_{};  // a varlen probe's: the packed call's (varlen_seqs > 0)
+    AttentionOptions options_;
+    ScoreOptions score_options_;
     ScoreInputs score_;
+    Sequences seqs_;  // a varlen probe's
 };
 
 std::vector<std::string> pipelines(const Plan& plan) {
@@ -288,6 +335,16 @@ void SelfTest::check_backward(Engine& engine, const FlashParams& call, DType dty
     check(engine, plan_backward(call, dtype), call, dtype, true);
 }
 
+void SelfTest::check_forward_varlen(Engine& engine, const Varlen& call, DType dtype) {
+    if (tl_in_probe) return;
+    check(engine, plan_forward(call.packed, dtype, gpu_), call.packed, dtype, false);
+}
+
+void SelfTest::check_backward_varlen(Engine& engine, const Varlen& call, DType dtype) {
+    if (tl_in_probe) return;
+    check(engine, plan_backward(call.packed, dtype), call.packed, dtype, true);
+}
+
 void SelfTest::check(Engine& engine, const Plan& plan, const FlashParams& call, DType dtype,
                      bool backward) {
     std::lock_guard<std::mutex> lock(mu_);
@@ -307,7 +364,12 @@ void SelfTest::check(Engine& engine, const Plan& plan, const FlashParams& call, 
         stats_.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
         throw SelfTestFailed(failure_);
     };
-    for (const ProbeShape& shape : kProbes) {
+    // A varlen call (call.varlen_seqs > 0) plans varlen pipelines: the
+    // varlen probe reaches them, the dense ones cannot.
+    const std::vector<ProbeShape> probes =
+        call.varlen_seqs > 0 ? std::vector<ProbeShape>{kVarlenProbe}
+                             : std::vector<ProbeShape>(std::begin(kProbes), std::end(kProbes));
+    for (const ProbeShape& shape : probes) {
         if (missing.empty()) break;
         Probe probe(shape, call.D, dtype, call.score_mods);
         const Plan probe_plan = backward ? plan_backward(probe.params(), dtype)

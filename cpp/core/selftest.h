@@ -11,7 +11,7 @@
 //     call whose plan uses that pipeline -- a known-answer test: the same
 //     call on the cpu engine is the answer, within the accuracy rule's
 //     bound (below) -- forward for forward pipelines, backward for backward
-//     ones. A failure leaves the engine out for the rest of the process
+//     ones; a varlen call's pipelines get a varlen probe call. A failure leaves the engine out for the rest of the process
 //     (Engine::unusable_reason) and throws SelfTestFailed naming the
 //     pipeline, the probe call and the error; the bindings warn and, when no
 //     backend was named, answer the call on the next engine.
@@ -67,6 +67,12 @@ public:
     // call after that. Calls made by the tests themselves pass through.
     void check_forward(Engine& engine, const FlashParams& call, DType dtype);
     void check_backward(Engine& engine, const FlashParams& call, DType dtype);
+    // The same for a one-launch varlen call (Engine::forward_varlen): its
+    // pipelines (function constant FA_FC_VARLEN) are tested by a varlen
+    // probe call, a few sequences of awkward lengths packed, on both
+    // engines' own forward_varlen / backward_varlen.
+    void check_forward_varlen(Engine& engine, const Varlen& call, DType dtype);
+    void check_backward_varlen(Engine& engine, const Varlen& call, DType dtype);
 
     // "" while every test has passed; else the failure, as thrown.
     std::string failure() const;

@@ -90,10 +90,6 @@ Sequences make_sequences(const char* fn, const int32_t* cu_q, int64_t n_q, const
     return s;
 }
 
-namespace {
-
-// The batch as the engines take it: each sequence's call (its rows of the
-// packed arrays, the score options' checks and bits) and the packed call.
 Varlen make_varlen(const char* fn, const Sequences& seqs, const TensorView& q,
                    const TensorView& k, const TensorView& v, const AttentionOptions& options,
                    const ScoreOptions& score, ScoreInputs& packed_score) {
@@ -125,6 +121,8 @@ Varlen make_varlen(const char* fn, const Sequences& seqs, const TensorView& q,
     packed_score = make_score_inputs(fn, packed, score);
     return call;
 }
+
+namespace {
 
 // The per-sequence lse layout (sequence b's (H, Tq_b) at H * q0) to and
 // from the API's (H, total_q).

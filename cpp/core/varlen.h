@@ -29,6 +29,14 @@ struct Sequences {
 Sequences make_sequences(const char* fn, const int32_t* cu_q, int64_t n_q, const int32_t* cu_k,
                          int64_t n_k, int64_t total_q, int64_t total_k);
 
+// The batch as the engines take it (engine.h's Varlen): each sequence's
+// call (its rows of the packed arrays, the score options checked, their
+// bits set) and the packed call; packed_score gets the packed call's score
+// inputs. q (total_q, H, D), k and v (total_k, Hkv, D), as below.
+Varlen make_varlen(const char* fn, const Sequences& seqs, const TensorView& q,
+                   const TensorView& k, const TensorView& v, const AttentionOptions& options,
+                   const ScoreOptions& score, ScoreInputs& packed_score);
+
 // How the batch reaches the engine: in one call (the engine's own
 // forward_varlen), or one ordinary call per sequence (Engine's default
 // forward_varlen: the bench's and the tests' baseline).

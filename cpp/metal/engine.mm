@@ -107,9 +107,10 @@ public:
     }
 
     // A variable-length batch in one plan (staging.h's run_staged_*_varlen):
-    // one command buffer whatever the number of sequences. The self-test's
-    // known-answer calls are dense; the varlen pipelines have none of their own.
+    // one command buffer whatever the number of sequences. The self-test
+    // checks the varlen pipelines with a varlen probe call of its own.
     void forward_varlen(const Varlen& call, const ForwardIO& io) override {
+        if (selftest_) selftest_->check_forward_varlen(*this, call, io.dtype);
         with_autorelease_pool([&] {
             record(run_staged_forward_varlen(*pool_, call, io, device_->gpu(),
                                              [&](const Plan& plan, const Call& c) {
@@ -119,6 +120,7 @@ public:
     }
 
     void backward_varlen(const Varlen& call, const BackwardIO& io) override {
+        if (selftest_) selftest_->check_backward_varlen(*this, call, io.dtype);
         with_autorelease_pool([&] {
             record(run_staged_backward_varlen(*pool_, call, io, [&](const Plan& plan, const Call& c) {
                 device_->execute(plan, c);

@@ -80,13 +80,15 @@ public:
 
     // A variable-length batch in one plan, as the metal engine's: the
     // kernels read the sequences' table (Slot::seqs) and map grid.z to the
-    // sequence. (The self-test's known-answer calls are dense: none here.)
+    // sequence; the self-test checks its varlen pipelines with a varlen probe.
     void forward_varlen(const Varlen& call, const ForwardIO& io) override {
+        if (selftest_) selftest_->check_forward_varlen(*this, call, io.dtype);
         const std::vector<int32_t> table = varlen_table(call);
         run_forward_plan(call.packed, io, table.data());
     }
 
     void backward_varlen(const Varlen& call, const BackwardIO& io) override {
+        if (selftest_) selftest_->check_backward_varlen(*this, call, io.dtype);
         const std::vector<int32_t> table = varlen_table(call);
         run_backward_plan(call.packed, io, table.data());
     }

@@ -113,3 +113,31 @@ def test_selftest_off_lets_the_planted_fault_answer_wrong():
     """, FLASHATTN_METAL_SELFTEST="0", FLASHATTN_SIM_LANE_FAULT="1")
     assert status == 0, out
     assert float(out.split("error ")[1].split()[0]) > 0.01, out
+
+
+def test_a_varlen_call_checks_its_pipelines_with_a_varlen_probe():
+    """A one-launch varlen call plans pipelines of its own (FA_FC_VARLEN):
+    their first use runs the varlen probe call, and a planted fault there
+    leaves the engine out, naming the varlen pipeline and probe."""
+    status, out = run("""
+        calls()                                   # the dense pipelines: 4, in 2 probe calls
+        cu = np.array([0, 5, 5, 40], dtype=np.int32)
+        qv, kv = q[0], k[0]                       # (40, 2, 64), (40, 1, 64): 3 sequences
+        o, lse = fa.attention_varlen(qv, kv, kv, cu, cu, causal=True, return_lse=True,
+                                     backend="metal-sim")
+        ref = fa.attention_varlen(qv, kv, kv, cu, cu, causal=True, backend="cpu")
+        assert np.abs(o - ref).max() < 1e-5
+        stats = _core._selftest_stats("metal-sim")
+        assert stats["pipelines"] == 5 and stats["probes"] == 3, stats   # and the varlen forward
+        _core._sim_set_lane_fault(True)
+        try:
+            fa.attention_varlen_backward(do[0], qv, kv, kv, o, lse, cu, cu, causal=True,
+                                         backend="metal-sim")
+        except RuntimeError as e:
+            print("raised:", e)
+        assert fa.backends() == ["cpu"], fa.backends()
+    """, FLASHATTN_METAL_SELFTEST="1")
+    assert status == 0, out
+    assert "raised: metal-sim engine self-test failed: pipeline 'flash_bwd_dq_f32_hd64|" in out
+    assert "3:0=1' (backward of the varlen probe call B=1 Tq=50 Tk=81 H=2 Hkv=1 D=64 float32 " \
+           "causal, sequences of 37x45, 1x30, 0x6, 12x0)" in out
