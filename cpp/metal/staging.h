@@ -224,7 +224,10 @@ public:
     }
 
     // A varlen call's sequences' table (core/engine.h's varlen_table),
-    // copied into a pool buffer bound to Slot::seqs.
+    // copied into a pool buffer bound to Slot::seqs. Not through input():
+    // the table is the engine's own temporary vector, never pool memory nor
+    // a user's array, so input()'s look-up and no-copy wrap cannot apply,
+    // and it is 8 bytes a sequence.
     void sequences(const std::vector<int32_t>& table) {
         const size_t bytes = table.size() * sizeof(int32_t);
         LeasePtr lease = pool_->acquire(bytes);
