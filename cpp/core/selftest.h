@@ -11,7 +11,8 @@
 //     call whose plan uses that pipeline -- a known-answer test: the same
 //     call on the cpu engine is the answer, within the accuracy rule's
 //     bound (below) -- forward for forward pipelines, backward for backward
-//     ones; a varlen call's pipelines get a varlen probe call. A failure leaves the engine out for the rest of the process
+//     ones; a varlen call's pipelines get a varlen probe call. A failure
+//     leaves the engine out for the rest of the process
 //     (Engine::unusable_reason) and throws SelfTestFailed naming the
 //     pipeline, the probe call and the error; the bindings warn and, when no
 //     backend was named, answer the call on the next engine.

@@ -1,6 +1,7 @@
 // A minimal test harness for the C++ tests: CHECK records a failure with its
 // location and keeps going; main returns the failure count via finish().
 #pragma once
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -28,7 +29,7 @@ struct CaseSubset {
 inline CaseSubset& case_subset() {
     static CaseSubset s = [] {
         CaseSubset c;
-        if (const char* e = std::getenv("FLASHATTN_TEST_EVERY")) c.every = std::atoi(e) > 0 ? std::atoi(e) : 1;
+        if (const char* e = std::getenv("FLASHATTN_TEST_EVERY")) c.every = std::max(1, std::atoi(e));
         if (const char* f = std::getenv("FLASHATTN_TEST_FIRST")) c.first = std::atoi(f);
         return c;
     }();

@@ -96,6 +96,15 @@ def restore_threads():
     fa.set_num_threads(n)
 
 
+# The session's config, for the hook below (pytest_runtest_logreport is
+# given the report alone).
+_SESSION: dict = {}
+
+
+def pytest_configure(config):
+    _SESSION["config"] = config
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_runtest_logreport(report):
     """Each failure's report as it happens, not only in the summary at the
@@ -111,13 +120,6 @@ def pytest_runtest_logreport(report):
     tr.write_line(f"FAILED {report.nodeid} ({report.when}):", red=True)
     text = str(report.longrepr)
     tr.write_line(text if len(text) <= 4000 else "... " + text[-4000:])
-
-
-_SESSION: dict = {}
-
-
-def pytest_configure(config):
-    _SESSION["config"] = config
 
 
 def pytest_terminal_summary(terminalreporter):
