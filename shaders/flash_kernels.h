@@ -77,6 +77,14 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // Split-KV decode merges at most this many key ranges (one per lane).
 #define FA_MAX_KV_SPLITS 32
 
+// The vector decode kernel (flash_decode.metal): FA_DECODE_SIMDGROUPS SIMD
+// groups per query row, each taking every FA_DECODE_SIMDGROUPS-th key; the
+// plan takes it for MHA calls of at most FA_DECODE_MAX_ROWS query rows
+// (core/plan.h, uses_decode_kernel), as MLX takes sdpa_vector up to 8.
+#define FA_DECODE_SIMDGROUPS 4
+#define FA_DECODE_THREADS (FA_DECODE_SIMDGROUPS * FA_SIMD_WIDTH)
+#define FA_DECODE_MAX_ROWS 8
+
 // Occupancy is declared: every tiled kernel (forward, dQ, dK/dV) carries
 // FA_MAX_THREADS(FA_THREADS), [[max_total_threads_per_threadgroup]] on
 // Metal (as MLX's steel attention declares its WM * WN * 32), so the

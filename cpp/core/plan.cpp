@@ -48,6 +48,7 @@ uint32_t declared_max_threads(const std::string& kernel) {
     auto starts = [&](const char* prefix) { return kernel.rfind(prefix, 0) == 0; };
     const bool tiled = starts("flash_bwd_dq_") || starts("flash_bwd_dkdv_") ||
                        (starts("flash_fwd_") && kernel.find("_hd") != std::string::npos);
+    if (starts("flash_decode_")) return uint32_t(FA_DECODE_THREADS);
     return tiled ? uint32_t(FA_THREADS) : 0;
 }
 
@@ -121,24 +122,36 @@ const Dim3 kTiled{FA_THREADS, 1, 1};
 
 }  // namespace
 
+bool uses_decode_kernel(const FlashParams& p) {
+    return p.group == 1 && p.Tq <= FA_DECODE_MAX_ROWS;
+}
+
 Plan plan_forward(const FlashParams& p, DType dtype, const GpuInfo& gpu) {
     check_shape("plan_forward", p);
     const int bucket = bucket_of("plan_forward", p);
     Plan plan;
     plan.params = p;
     plan.params.rows_per_head = rows_per_head(p);
-    const uint32_t row_blocks = blocks(int64_t(p.group) * plan.params.rows_per_head, FA_BLOCK_ROWS);
-    const int32_t splits = row_blocks == 1 ? kv_splits(p, int64_t(p.B) * p.Hkv, gpu) : 1;
-    plan.params.kv_splits = splits;
     const std::string dt = kernel_dtype(dtype);
-    const std::string name = "flash_fwd_" + dt + "_hd" + std::to_string(bucket);
+    // MHA decode: the vector kernel, one threadgroup per query row; else
+    // the tiled kernel, a threadgroup per block of 32 packed rows (GQA
+    // decode packs the group's heads into one, so K and V are staged once
+    // per kv head) and chunk of o's columns.
+    const bool decode = uses_decode_kernel(p);
+    const uint32_t row_blocks = blocks(int64_t(p.group) * plan.params.rows_per_head, FA_BLOCK_ROWS);
+    const int64_t groups = decode ? int64_t(p.B) * p.H * p.Tq : int64_t(p.B) * p.Hkv;
+    const int32_t splits = decode || row_blocks == 1 ? kv_splits(p, groups, gpu) : 1;
+    plan.params.kv_splits = splits;
+    const std::string name = (decode ? "flash_decode_" : "flash_fwd_") + dt + "_hd" + std::to_string(bucket);
     const uint32_t chunks = uint32_t(bucket / FA_FWD_DCHUNK(bucket));
-    const Dim3 grid{row_blocks, uint32_t(p.Hkv) * chunks, uint32_t(p.B) * uint32_t(splits)};
+    const Dim3 grid = decode ? Dim3{uint32_t(p.Tq), uint32_t(p.H), uint32_t(p.B) * uint32_t(splits)}
+                             : Dim3{row_blocks, uint32_t(p.Hkv) * chunks, uint32_t(p.B) * uint32_t(splits)};
+    const Dim3 threads = decode ? Dim3{FA_DECODE_THREADS, 1, 1} : kTiled;
     if (splits == 1) {
         plan.launches.push_back(Launch{name,
                                        {Slot::q, Slot::k, Slot::v, Slot::o, Slot::lse, Slot::params,
                                         Slot::score, Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs},
-                                       grid, kTiled, head_constants(p, bucket, dtype)});
+                                       grid, threads, head_constants(p, bucket, dtype)});
         return plan;
     }
     // Each chunk's normalised o (float32 whatever the dtype) and lse, then
@@ -150,7 +163,7 @@ Plan plan_forward(const FlashParams& p, DType dtype, const GpuInfo& gpu) {
         name,
         {Slot::q, Slot::k, Slot::v, Slot::partial_o, Slot::partial_lse, Slot::params, Slot::score,
          Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs},
-        grid, kTiled, head_constants(p, bucket, dtype)});
+        grid, threads, head_constants(p, bucket, dtype)});
     plan.launches.push_back(Launch{"flash_fwd_merge_" + dt,
                                    {Slot::partial_o, Slot::partial_lse, Slot::o, Slot::lse, Slot::params},
                                    Dim3{blocks(rows, FA_MERGE_ROWS_PER_GROUP), 1, 1},

@@ -74,6 +74,14 @@ struct GpuInfo {
 };
 constexpr int kGroupsPerCore = 8;
 
+// Whether the forward of `p` runs the vector decode kernel
+// (flash_decode_{dtype}_hd{HD}): MHA (group 1) with at most
+// FA_DECODE_MAX_ROWS query rows, which the tiled kernel would give one
+// SIMD group's 8 rows of its block of 32, each K and V row multiplied for
+// them all. GQA decode stays tiled: its block packs the group's heads, so
+// K and V are read once per kv head. The backward is tiled always.
+bool uses_decode_kernel(const FlashParams& p);
+
 // `dtype` is the storage type of q, k, v, o, do and the gradients: it
 // picks the kernels' instantiation (flash_fwd_f16_hd64, ...); lse, delta
 // and the split-KV partials are float32 whatever it is.

@@ -135,12 +135,16 @@ struct ProbeShape {
 };
 const ProbeShape kProbes[] = {
     {1, 37, 45, 2, 1, "tiled"},             // two row blocks, several key blocks, GQA
-    {1, 1, 600, 2, 1, "split-KV decode"},   // one row block: split keys and the merge
-    {1, 1, 45, 2, 2, "one-row decode"},     // one query row per head
+    {1, 1, 600, 2, 1, "split-KV decode"},   // GQA: one row block, split keys and the merge
+    {1, 1, 600, 2, 2, "MHA decode"},        // the vector kernel, split keys and the merge
 };
-// The varlen pipelines' probe: sequences longer and shorter than a block,
-// one of a single query, one without queries and one without keys.
-const ProbeShape kVarlenProbe = {1, 50, 81, 2, 1, "varlen", {37, 1, 0, 12}, {45, 30, 6, 0}};
+// The varlen pipelines' probes: sequences longer and shorter than a block,
+// one of a single query, one without queries and one without keys; then
+// decode (MHA, a query or none per sequence: the vector kernel).
+const ProbeShape kVarlenProbes[] = {
+    {1, 50, 81, 2, 1, "varlen", {37, 1, 0, 12}, {45, 30, 6, 0}},
+    {1, 3, 81, 2, 2, "varlen decode", {1, 1, 0, 1}, {45, 30, 6, 0}},
+};
 
 class Probe {
 public:
@@ -367,7 +371,7 @@ void SelfTest::check(Engine& engine, const Plan& plan, const FlashParams& call, 
     // A varlen call (call.varlen_seqs > 0) plans varlen pipelines: the
     // varlen probe reaches them, the dense ones cannot.
     const std::vector<ProbeShape> probes =
-        call.varlen_seqs > 0 ? std::vector<ProbeShape>{kVarlenProbe}
+        call.varlen_seqs > 0 ? std::vector<ProbeShape>(std::begin(kVarlenProbes), std::end(kVarlenProbes))
                              : std::vector<ProbeShape>(std::begin(kProbes), std::end(kProbes));
     for (const ProbeShape& shape : probes) {
         if (missing.empty()) break;

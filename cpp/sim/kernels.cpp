@@ -11,6 +11,7 @@
 #include <metal_stdlib>
 
 #include "flash_bwd.metal"
+#include "flash_decode.metal"
 #include "flash_fwd.metal"
 #include "flash_selftest.metal"
 
@@ -36,6 +37,7 @@ std::vector<Kernel> build_table() {
     FA_STORAGE_TYPES(FA_SIM_REGISTER_TYPE, 0)
 #define FA_SIM_REGISTER(NAME, T, HD)                                                            \
     t.push_back(make_kernel("flash_fwd_" #NAME "_hd" #HD, &flash_fwd<HD, T>));                \
+    t.push_back(make_kernel("flash_decode_" #NAME "_hd" #HD, &flash_decode<HD, T>));          \
     t.push_back(make_kernel("flash_bwd_dq_" #NAME "_hd" #HD, &flash_bwd_dq<HD, T>));          \
     t.push_back(make_kernel("flash_bwd_dkdv_" #NAME "_hd" #HD, &flash_bwd_dkdv<HD, T>));
 #define FA_SIM_REGISTER_TYPES(HD) FA_STORAGE_TYPES(FA_SIM_REGISTER, HD)

@@ -94,6 +94,42 @@ int main() {
         CHECK(plan_forward(params(16, 1, 8192, 32, 8, 128)).params.kv_splits == 1);
         CHECK(plan_forward(params(1, 1, 1 << 20, 1, 1, 64)).params.kv_splits == FA_MAX_KV_SPLITS);
     }
+    // MHA decode (group 1, at most FA_DECODE_MAX_ROWS query rows): the vector
+    // kernel, a threadgroup of FA_DECODE_THREADS per (query row, head, batch
+    // x split), split and merged as the tiled kernel is.
+    {
+        // 2 x 16 heads x 1 row = 32 groups; an 8-core GPU aims at 64: 2 splits.
+        const Plan plan = plan_forward(params(2, 1, 4096, 16, 16, 128));
+        CHECK(plan.params.kv_splits == 2);
+        CHECK(plan.launches.size() == 2);
+        const Launch& fwd = plan.launches[0];
+        CHECK(fwd.kernel == "flash_decode_f32_hd128");
+        CHECK(same(fwd.grid, 1, 16, 2 * 2));
+        CHECK(same(fwd.threadgroup, FA_DECODE_THREADS, 1, 1));
+        CHECK((fwd.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::partial_o,
+                                                Slot::partial_lse, Slot::params, Slot::score,
+                                                Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs}));
+        CHECK(plan.launches[1].kernel == "flash_fwd_merge_f32");
+        CHECK(same(plan.launches[1].grid, 32 / FA_MERGE_ROWS_PER_GROUP, 1, 1));
+        // A 76-core GPU: 608 aimed at / 32 groups = 19, capped by 4096 / 256 keys.
+        CHECK(plan_forward(params(2, 1, 4096, 16, 16, 128), DType::f32, GpuInfo{76}).params.kv_splits == 16);
+        // Unsplit: o and lse bound directly; one threadgroup per query row.
+        const Plan few = plan_forward(params(1, 3, 200, 4, 4, 64), DType::f16);
+        CHECK(few.launches.size() == 1 && few.params.kv_splits == 1);
+        CHECK(few.launches[0].kernel == "flash_decode_f16_hd64");
+        CHECK(same(few.launches[0].grid, 3, 4, 1));
+        CHECK(few.launches[0].buffers[3] == Slot::o && few.launches[0].buffers[4] == Slot::lse);
+        CHECK(has_constant(few.launches[0], FA_FC_HEAD_FULL, 1));
+        // More rows than one SIMD group's 8, or GQA: the tiled kernel.
+        CHECK(plan_forward(params(1, FA_DECODE_MAX_ROWS, 200, 4, 4, 64)).launches[0].kernel ==
+              "flash_decode_f32_hd64");
+        CHECK(plan_forward(params(1, FA_DECODE_MAX_ROWS + 1, 200, 4, 4, 64)).launches[0].kernel ==
+              "flash_fwd_f32_hd64");
+        CHECK(plan_forward(params(1, 1, 200, 4, 2, 64)).launches[0].kernel == "flash_fwd_f32_hd64");
+        // The backward of a decode call is tiled.
+        CHECK(plan_backward(params(1, 1, 200, 4, 4, 64)).launches[1].kernel == "flash_bwd_dq_f32_hd64");
+        CHECK(declared_max_threads("flash_decode_bf16_hd256") == FA_DECODE_THREADS);
+    }
     // The split follows the GPU's core count (kGroupsPerCore threadgroups
     // per core), within the chunks' minimum length and the merge's 32 lanes.
     {
@@ -141,7 +177,7 @@ int main() {
         const char* want[] = {"hd32", "hd32", "hd64", "hd64", "hd64", "hd96", "hd96",
                               "hd128", "hd128", "hd128", "hd256", "hd256", "hd256"};
         for (int n = 0; n < 13; ++n) {
-            const std::string name = plan_forward(params(1, 5, 5, 1, 1, D[n])).launches[0].kernel;
+            const std::string name = plan_forward(params(1, 9, 9, 1, 1, D[n])).launches[0].kernel;
             CHECK(name == std::string("flash_fwd_f32_") + want[n]);
         }
         CHECK_THROWS(std::invalid_argument, "head size", plan_forward(params(1, 5, 5, 1, 1, 257)));

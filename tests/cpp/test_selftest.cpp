@@ -124,22 +124,25 @@ int main() {
                     st.pipelines, st.probes, st.seconds);
         CHECK(st.pipelines > 100);
         // One-launch varlen calls plan the varlen pipelines (FA_FC_VARLEN):
-        // the varlen probe reaches each of them.
+        // the varlen probes reach each of them, decode batches (a query or
+        // none per sequence: MHA's vector kernel) included.
         const int dense = st.pipelines;
         const int varlen_mods[] = {0, FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_SINKS};
+        const std::vector<int> varlen_q[] = {{1, 300, 0, 17}, {1, 1, 0, 1}};
         for (int D : {8, 64, 96, 128, 256})
             for (DType dt : {DType::f32, DType::f16, DType::bf16})
                 for (int m : varlen_mods)
-                    for (const auto& h : heads) {
-                        const VarlenCall v({1, 300, 0, 17}, {700, 300, 5, 0}, h[0], h[1], D, m);
-                        try {
-                            test.check_forward_varlen(*cpu, v.call, dt);
-                            test.check_backward_varlen(*cpu, v.call, dt);
-                        } catch (const SelfTestFailed& e) {
-                            std::printf("%s\n", e.what());
-                            CHECK(false);
+                    for (const auto& h : heads)
+                        for (const std::vector<int>& lens_q : varlen_q) {
+                            const VarlenCall v(lens_q, {700, 300, 5, 0}, h[0], h[1], D, m);
+                            try {
+                                test.check_forward_varlen(*cpu, v.call, dt);
+                                test.check_backward_varlen(*cpu, v.call, dt);
+                            } catch (const SelfTestFailed& e) {
+                                std::printf("%s\n", e.what());
+                                CHECK(false);
+                            }
                         }
-                    }
         CHECK(test.failure().empty());
         std::printf("varlen coverage: %d more pipelines\n", test.stats().pipelines - dense);
         CHECK(test.stats().pipelines > dense + 30);

@@ -292,7 +292,10 @@ int main(int argc, char** argv) {
             for (const Launch& l : plan.launches) launched.insert(l.kernel);
     }
     std::printf("%zu kernels launched by these cases\n", launched.size());
-    CHECK(launched.size() == 2 + 5 * 3);  // preprocess, merge + 5 buckets x (fwd, dq, dkdv)
+    // preprocess, merge + 5 buckets x (fwd, dq, dkdv), and the vector decode
+    // kernel of the MHA decode cases' buckets (D = 1: hd32, D = 111: hd128).
+    CHECK(launched.size() == 2 + 5 * 3 + 2);
+    CHECK(launched.count("flash_decode_f32_hd32") == 1 && launched.count("flash_decode_f32_hd128") == 1);
 
     uint32_t seed = 1234;
     for (const Case& c : cases) run_case(*engine, c, seed++, &c == &cases.front());

@@ -141,10 +141,12 @@ int main() {
                                  "flash_fwd_merge_f16"})
             found += find_kernel(name) != nullptr;
         CHECK(found == 11);
-        // 3 storage types x (preprocess, merge; 5 buckets x (fwd, dq, dkdv)),
-        // and the self-test's lane probe (flash_selftest_lanes, core/selftest.h)
+        // 3 storage types x (preprocess, merge; 5 buckets x (fwd, decode,
+        // dq, dkdv)), and the self-test's lane probe (flash_selftest_lanes,
+        // core/selftest.h)
         CHECK(find_kernel("flash_selftest_lanes") != nullptr);
-        CHECK(kernels().size() == 3 * (2 + 5 * 3) + 1);
+        CHECK(find_kernel("flash_decode_bf16_hd96") != nullptr);
+        CHECK(kernels().size() == 3 * (2 + 5 * 4) + 1);
         CHECK(find_kernel("flash_fwd_f32_hd48") == nullptr);
     }
     // A tiled kernel declares max_total_threads_per_threadgroup(FA_THREADS):

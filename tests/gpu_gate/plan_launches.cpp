@@ -58,27 +58,31 @@ int main() {
                     plan(forward_plan, p);
                     plan(plan_backward, p);
                 }
-    // Every score option at once (issue 16): the heaviest variant of each kernel.
-    for (int D = 1; D <= 256; ++D) {
-        FlashParams p = shape(2, 113, 203, 8, 2, D);
-        p.score_mods = FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_FLOAT | FA_SCORE_SINKS;
-        plan(forward_plan, p);
-        plan(plan_backward, p);
-        p.score_mods = FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_BOOL | FA_SCORE_SINKS;
-        plan(forward_plan, p);
-        plan(plan_backward, p);
-    }
+    // Every score option at once (issue 16): the heaviest variant of each
+    // kernel (MHA decode: the vector kernel's).
+    for (int D = 1; D <= 256; ++D)
+        for (const FlashParams& base : {shape(2, 113, 203, 8, 2, D), shape(2, 1, 203, 8, 8, D)}) {
+            FlashParams p = base;
+            p.score_mods = FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_FLOAT | FA_SCORE_SINKS;
+            plan(forward_plan, p);
+            plan(plan_backward, p);
+            p.score_mods = FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_MASK_BOOL | FA_SCORE_SINKS;
+            plan(forward_plan, p);
+            plan(plan_backward, p);
+        }
     // A variable-length batch in one launch (issue 34; FA_FC_VARLEN = 1):
-    // plain, and with every score option varlen takes (no mask).
-    for (int D = 1; D <= 256; ++D) {
-        FlashParams p = shape(3, 113, 203, 8, 2, D);
-        p.varlen_seqs = p.B;
-        plan(forward_plan, p);
-        plan(plan_backward, p);
-        p.score_mods = FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_SINKS;
-        plan(forward_plan, p);
-        plan(plan_backward, p);
-    }
+    // plain, and with every score option varlen takes (no mask); GQA, and
+    // MHA decode (the vector kernel).
+    for (int D = 1; D <= 256; ++D)
+        for (const FlashParams& base : {shape(3, 113, 203, 8, 2, D), shape(3, 1, 203, 8, 8, D)}) {
+            FlashParams p = base;
+            p.varlen_seqs = p.B;
+            plan(forward_plan, p);
+            plan(plan_backward, p);
+            p.score_mods = FA_SCORE_SOFTCAP | FA_SCORE_ALIBI | FA_SCORE_SINKS;
+            plan(forward_plan, p);
+            plan(plan_backward, p);
+        }
     // The self-test's lane probe (core/selftest.h), launched at engine start.
     lines.insert(describe(lane_probe_launch()));
     for (const std::string& line : lines) std::printf("%s\n", line.c_str());

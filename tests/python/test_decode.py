@@ -20,6 +20,10 @@ DECODE = [
     Case(1, 16, 1100, 4, 4, 40, causal=True),
     Case(2, 3, 3000, 6, 2, 64, window=(700, 0)),  # some key chunks see no row
     Case(1, 2, 5000, 4, 2, 32, causal=True, window=(50, 0)),  # most chunks are empty
+    # MHA: the metal engines' vector decode kernel (flash_decode.metal).
+    Case(2, 1, 3000, 8, 8, 128),
+    Case(1, 5, 2100, 4, 4, 96, causal=True, window=(300, 0)),
+    Case(1, 1, 700, 3, 3, 59),
 ]
 
 
@@ -69,13 +73,35 @@ def test_split_keeps_nonfinite_values_in_their_rows():
     assert not bad.any(), "no other entry may be touched"
 
 
+def test_mha_decode_keeps_nonfinite_values_in_their_rows(backend):
+    """MHA decode (the metal engines' vector kernel, split keys): a NaN in
+    the v of a key reaches the rows that see it and no other, whether the
+    key is hidden by the window or by the mask."""
+    case = Case(1, 2, 3000, 4, 4, 32, causal=True, window=(100, 0))
+    if not fits(backend, case):
+        pytest.skip(f"{case.id} is beyond {backend}'s size budget")
+    q, k, v, _ = inputs(case, seed=16)
+    # Rows 0 and 1 sit at keys 2998 and 2999 and see 100 keys back.
+    v[0, 2999, 1, 5] = np.nan  # past row 0's band: head 1's row 1 only
+    v[0, 2990, 2, 7] = np.nan  # in both bands; the mask hides it from head 2's row 0
+    mask = np.ones((1, 4, 2, 3000), bool)
+    mask[0, 2, 0, 2990] = False
+    o = fa.attention(q, k, v, backend=backend, mask=mask, **case.opts())
+    bad = ~np.isfinite(o)
+    assert bad[0, 1, 1, 5] and bad[0, 1, 2, 7], "the rows that see a NaN key get NaN"
+    bad[0, 1, 1, 5] = bad[0, 1, 2, 7] = False
+    assert not bad.any(), "no other entry may be touched"
+
+
+@pytest.mark.parametrize("case", [Case(1, 2, 3000, 4, 2, 32, causal=True),
+                                  Case(1, 2, 3000, 4, 4, 32, causal=True)], ids=lambda c: c.id)
 @pytest.mark.parametrize("option", ["sinks", "alibi_slopes", "softcap"])
-def test_decode_with_score_options_matches_reference(backend, option):
+def test_decode_with_score_options_matches_reference(backend, option, case):
     """Options are per head, so their tiles hold one head each; a split-KV
-    call counts a head's sink in one key chunk only."""
+    call counts a head's sink in one key chunk only (GQA: the tiled kernel;
+    MHA: the vector kernel on the metal engines)."""
     from helpers import FORWARD_FACTOR, assert_close_to_reference
 
-    case = Case(1, 2, 3000, 4, 2, 32, causal=True)
     if not fits(backend, case):
         pytest.skip(f"{case.id} is beyond {backend}'s size budget")
     q, k, v, _ = inputs(case, seed=15)
