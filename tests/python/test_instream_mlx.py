@@ -101,14 +101,19 @@ def _planned(plan):
     return [(plan.launches[p.launch].kernel, p.grid, p.params) for p in plan.pieces]
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 700, 4, 2, 32), (2, 3, 2000, 2, 1, 64)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 1, 700, 4, 2, 32), (2, 3, 2000, 2, 1, 64),
+                                   (1, 2, 2000, 4, 4, 96)], ids=str)
 def test_decode_splits_the_keys_as_the_metal_engine_does(host, shape):
+    """GQA decode runs the tiled kernel, MHA decode the vector one
+    (flash_decode.metal); both split the keys and merge."""
     B, Tq, Tk, H, Hkv, D = shape
     q, k, v, do = inputs(Case(B, Tq, Tk, H, Hkv, D), seed=1)
     o, lse = mlx_stream.forward(host, to_mx(q), to_mx(k), to_mx(v))
     plan = call.plan("forward", "float32", call.contiguous(q.shape), call.contiguous(k.shape),
                      call.contiguous(v.shape))
     assert len(plan.launches) == 2 and plan.launches[1].kernel == "flash_fwd_merge_f32"
+    family = "flash_decode_f32_hd" if H == Hkv else "flash_fwd_f32_hd"
+    assert plan.launches[0].kernel.startswith(family)
     assert _dispatches() == _planned(plan)
     o_sim, lse_sim = fa.attention(q, k, v, return_lse=True, backend="metal-sim")
     np.testing.assert_array_equal(to_np(o), o_sim)
