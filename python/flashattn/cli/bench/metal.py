@@ -41,7 +41,9 @@ from . import instream, options
 from .cpu import forward_flops, interleaved
 from .output import Column, Progress, Report, Table, ms_runs
 
-# (B, Tq, Tk, H, Hkv, D, causal): training shapes, then decode against a KV cache.
+# (B, Tq, Tk, H, Hkv, D, causal): training shapes, then decode against a KV
+# cache: GQA (the tiled kernel), MHA (the vector kernel, against MLX's
+# sdpa_vector: both take Tq <= 8 so).
 SHAPES = [
     (1, 1024, 1024, 8, 8, 64, True),
     (1, 1024, 1024, 8, 8, 64, False),
@@ -51,6 +53,8 @@ SHAPES = [
     (8, 256, 256, 4, 4, 32, False),
     (1, 1, 8192, 32, 8, 128, False),
     (8, 4, 4096, 32, 8, 128, True),
+    (1, 1, 8192, 32, 32, 128, False),
+    (4, 2, 4096, 16, 16, 64, True),
 ]
 
 
