@@ -10,7 +10,7 @@
 #   bash tests/run.sh --cpp   the C++ tests first (one build, ctest without
 #                             the tests labelled `slow`: the GPU resource gate
 #                             over every kernel, metal-sim's thread mode)
-#   bash tests/run.sh --all   what CI (.ci/run) runs (about 50 minutes on 2 cores):
+#   bash tests/run.sh --all   what CI (.ci/run) runs (about 60 minutes on 2 cores):
 #                             every C++ test, then again under AddressSanitizer +
 #                             UBSan and ThreadSanitizer (tests/sanitize.sh), every
 #                             Python test, the installed package under emulated
