@@ -63,11 +63,7 @@ FA_MAX_THREADS(FA_DECODE_THREADS) kernel void flash_decode(device const T* q [[b
 
     int begin = int(fa_key_begin(t, seq.Tq, seq.Tk, p.window_left));
     int end = int(fa_key_end(t, seq.Tq, seq.Tk, p.window_right));
-    if (p.kv_splits > 1) {
-        const int chunk = (seq.Tk + p.kv_splits - 1) / p.kv_splits;
-        begin = max(begin, split * chunk);
-        end = min(end, (split + 1) * chunk);
-    }
+    if (p.kv_splits > 1) fa_split_keys(p, seq.Tk, split, begin, end);
 
     // The lane's columns [d0, d0 + E); past D they hold zero and are not written.
     const int d0 = int(lane) * E;
@@ -144,12 +140,10 @@ FA_MAX_THREADS(FA_DECODE_THREADS) kernel void flash_decode(device const T* q [[b
     device float* out_f = nullptr;
     fa_long lse_at;
     if (p.kv_splits > 1) {
-        // This chunk's partial result, float32, laid out as flash_fwd's
-        // (splits, B, Tq, H, D); the plan binds float scratch at buffer(3).
-        const fa_long rows = fa_long(p.B) * p.Tq * p.H;
-        out_f = reinterpret_cast<device float*>(o) + split * rows * p.D +
-                ((fa_long(b) * p.Tq + t) * p.H + h) * p.D;
-        lse_at = split * rows + (fa_long(b) * p.H + h) * p.Tq + t;
+        // This chunk's partial result, float32: the plan binds float
+        // scratch at buffer(3).
+        out_f = reinterpret_cast<device float*>(o) + fa_partial_o_at(p, split, b, t, h);
+        lse_at = fa_partial_lse_at(p, split, b, t, h);
     } else {
         out_t = o + fa_row_offset(p.o.b, p.o.t, p.o.h, b, seq.q0, t, h, fa_is_varlen());
         lse_at = fa_stat_row0(p, seq, b, h, fa_is_varlen()) + t;

@@ -55,6 +55,26 @@ FA_INLINE fa_long fa_stat_row0(constant FlashParams& p, FaSeq s, int b, int h, b
     return (varlen ? fa_long(p.H) * s.q0 : fa_long(b) * p.H * s.Tq) + fa_long(h) * s.Tq;
 }
 
+// Split-KV decode (FlashParams::kv_splits > 1): chunk `split` of a
+// sequence's Tk keys is [split * chunk, (split + 1) * chunk); a range
+// [begin, end) of keys is cut to it.
+FA_INLINE void fa_split_keys(constant FlashParams& p, int Tk, int split, thread int& begin,
+                             thread int& end) {
+    const int chunk = (Tk + p.kv_splits - 1) / p.kv_splits;
+    begin = max(begin, split * chunk);
+    end = min(end, (split + 1) * chunk);
+}
+// Where chunk `split`'s partial result for query row t of head h, batch b
+// lies in the float32 scratch the forward kernels write and
+// flash_fwd_merge reads: partial_o (splits, B, Tq, H, D), partial_lse
+// (splits, B, H, Tq).
+FA_INLINE fa_long fa_partial_o_at(constant FlashParams& p, int split, int b, int t, int h) {
+    return (fa_long(split) * p.B * p.Tq * p.H + (fa_long(b) * p.Tq + t) * p.H + h) * p.D;
+}
+FA_INLINE fa_long fa_partial_lse_at(constant FlashParams& p, int split, int b, int t, int h) {
+    return fa_long(split) * p.B * p.H * p.Tq + (fa_long(b) * p.H + h) * p.Tq + t;
+}
+
 // The storage type T of q, k, v, o, do and the gradients (issue 15): float,
 // half or bfloat (MSL 3.1), a template parameter of every tiled kernel.
 // Staged tiles hold T as it is in memory. The products take their operands

@@ -91,9 +91,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_fwd(device const T* q [[buffer(0)]]
     int group_begin = int(fa_key_begin(t_lo, Tq, Tk, p.window_left));
     int group_end = int(fa_key_end(t_hi, Tq, Tk, p.window_right));
     if (p.kv_splits > 1) {
-        const int chunk = (Tk + p.kv_splits - 1) / p.kv_splits;
-        group_begin = max(group_begin, split * chunk);
-        group_end = min(group_end, (split + 1) * chunk);
+        fa_split_keys(p, Tk, split, group_begin, group_end);
         // Each row sees only this chunk's keys (the tile classification
         // then masks the zero rows staged past its end).
         row_begin = max(row_begin, group_begin);
@@ -228,13 +226,10 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_fwd(device const T* q [[buffer(0)]]
     fa_long lse_at;
     if (p.kv_splits > 1) {
         // This chunk's partial result, float32 whatever T (the merge rounds
-        // once), contiguous (splits, B, Tq, H, D): the plan binds float
-        // scratch at buffer(3).
-        const fa_long rows = fa_long(p.B) * p.Tq * p.H;
-        device float* part = reinterpret_cast<device float*>(o) + split * rows * p.D +
-                             ((fa_long(b) * p.Tq + row.t) * p.H + row.h) * p.D;
+        // once): the plan binds float scratch at buffer(3).
+        device float* part = reinterpret_cast<device float*>(o) + fa_partial_o_at(p, split, b, row.t, row.h);
         fa_store_row(part, O, c0, at.col, p.D, inv);
-        lse_at = split * rows + (fa_long(b) * p.H + row.h) * p.Tq + row.t;
+        lse_at = fa_partial_lse_at(p, split, b, row.t, row.h);
     } else {
         fa_store_row(o + fa_row_offset(p.o.b, p.o.t, p.o.h, b, seq.q0, row.t, row.h, fa_is_varlen()), O, c0, at.col, p.D, inv);
         lse_at = fa_stat_row0(p, seq, b, row.h, fa_is_varlen()) + row.t;
@@ -268,7 +263,7 @@ kernel void flash_fwd_merge(device const float* partial_o [[buffer(0)]],
     const int b = int(r / (fa_long(p.Tq) * p.H));
 
     const bool mine = int(lane) < p.kv_splits;
-    const float part_lse = mine ? partial_lse[fa_long(lane) * rows + r] : -INFINITY;
+    const float part_lse = mine ? partial_lse[fa_partial_lse_at(p, int(lane), b, t, h)] : -INFINITY;
     const float top = simd_max(part_lse);
     // exp(-inf - top) = 0 for a chunk that saw no key; top = -inf: none did.
     const float w = top == -INFINITY ? 0.0f : exp(part_lse - top);
@@ -276,14 +271,13 @@ kernel void flash_fwd_merge(device const float* partial_o [[buffer(0)]],
     if (lane == 0) lse[r] = top == -INFINITY ? -INFINITY : top + log(total);
     const float inv = top == -INFINITY ? 0.0f : 1.0f / total;
 
-    const fa_long part_at = ((fa_long(b) * p.Tq + t) * p.H + h) * p.D;
     device T* out = o + fa_offset(p.o.b, p.o.t, p.o.h, b, t, h);
     for (int d0 = 0; d0 < p.D; d0 += FA_SIMD_WIDTH) {
         const int d = d0 + int(lane);
         float acc = 0.0f;
         for (int s = 0; s < p.kv_splits; ++s) {
             const float ws = simd_shuffle(w, ushort(s));
-            const float x = d < p.D ? partial_o[fa_long(s) * rows * p.D + part_at + d] : 0.0f;
+            const float x = d < p.D ? partial_o[fa_partial_o_at(p, s, b, t, h) + d] : 0.0f;
             acc = fma(ws, x, acc);
         }
         if (d < p.D) out[d] = T(acc * inv);
