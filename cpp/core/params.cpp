@@ -53,19 +53,22 @@ FlashParams make_params(const char* fn, const TensorView& q, const TensorView& k
                      shape_string(v.shape));
     const int64_t B = q.shape[0], Tq = q.shape[1], H = q.shape[2], D = q.shape[3];
     const int64_t Tk = k.shape[1], Hkv = k.shape[2];
-    const std::string seen = "; got q " + shape_string(q.shape) + " and k " + shape_string(k.shape);
-    if (k.shape[0] != B) fail(fn, "q and k must have the same batch size" + seen);
-    if (k.shape[3] != D) fail(fn, "q and k must have the same head size D" + seen);
+    // Built only for a message: a varlen call checks every sequence here.
+    auto seen = [&] {
+        return "; got q " + shape_string(q.shape) + " and k " + shape_string(k.shape);
+    };
+    if (k.shape[0] != B) fail(fn, "q and k must have the same batch size" + seen());
+    if (k.shape[3] != D) fail(fn, "q and k must have the same head size D" + seen());
     if (D < 1 || D > kMaxHeadDim)
         fail(fn, "head size D must be in 1.." + std::to_string(kMaxHeadDim) + ", got " +
                      std::to_string(D) + " (q shape " + shape_string(q.shape) + ")");
-    if (H < 1 || Hkv < 1) fail(fn, "the number of heads must be at least 1" + seen);
+    if (H < 1 || Hkv < 1) fail(fn, "the number of heads must be at least 1" + seen());
     if (H % Hkv != 0)
         fail(fn, "the number of query heads H=" + std::to_string(H) +
                      " must be a multiple of the number of kv heads Hkv=" + std::to_string(Hkv) +
-                     seen);
+                     seen());
     if (Tq > kMaxSeqLen || Tk > kMaxSeqLen || B > kMaxSeqLen || H > kMaxSeqLen)
-        fail(fn, "B, Tq, Tk and H must each be at most " + std::to_string(kMaxSeqLen) + seen);
+        fail(fn, "B, Tq, Tk and H must each be at most " + std::to_string(kMaxSeqLen) + seen());
     if (opt.window_left < -1 || opt.window_right < -1)
         fail(fn, "window must be a pair of ints >= -1 (-1: unbounded), got (" +
                      std::to_string(opt.window_left) + ", " + std::to_string(opt.window_right) +

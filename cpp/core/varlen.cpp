@@ -196,15 +196,21 @@ void run_backward_varlen(Engine& engine, const Sequences& seqs, const TensorView
         s.dout = {s.Tq * dout.strides[0], dout.strides[0], dout.strides[1]};
         s.o = {s.Tq * o.strides[0], o.strides[0], o.strides[1]};
     }
-    // Keys of sequences without queries: zero bits are 0 in every dtype.
-    // Every row of dq belongs to a sequence with queries, whose call writes it.
+    // The rows no engine call writes are zeroed here (zero bits are 0 in
+    // every dtype): dk and dv of sequences without queries, dq of sequences
+    // without keys. Every other row belongs to a sequence whose call writes
+    // all of its rows, as a dense call does (keys no query sees get 0): a
+    // memset of the whole of dk and dv first would write them all twice.
     const size_t size = dtype_size(q.dtype);
-    std::memset(dk, 0, size_t(k.shape[0] * Hkv * D) * size);
-    std::memset(dv, 0, size_t(k.shape[0] * Hkv * D) * size);
-    for (const FlashParams& s : call.seqs)  // queries without keys: dq = 0
+    for (const FlashParams& s : call.seqs) {
+        if (s.Tq == 0 && s.Tk > 0)
+            for (void* g : {dk, dv})
+                std::memset(element_offset(g, int64_t(s.seq_k0) * Hkv * D, q.dtype), 0,
+                            size_t(s.Tk * Hkv * D) * size);
         if (s.Tq > 0 && s.Tk == 0)
             std::memset(element_offset(dq, int64_t(s.seq_q0) * H * D, q.dtype), 0,
                         size_t(s.Tq * H * D) * size);
+    }
     std::vector<float> seq_lse(size_t(H * total_q));
     lse_from_api(call, lse, seq_lse.data(), total_q);
     io.lse = seq_lse.data();

@@ -4,7 +4,7 @@
 // sums of their partials). An ordinary call runs its phases one
 // parallel_for each (run_phases); a variable-length batch builds one per
 // sequence and runs the same phase of all of them in one parallel loop
-// (cpu/varlen_schedule.cpp), so short sequences share the threads.
+// (cpu/varlen.cpp), so short sequences share the threads.
 #pragma once
 #include <cstdint>
 #include <memory>

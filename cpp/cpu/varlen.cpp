@@ -34,14 +34,20 @@ void run_varlen(const Varlen& call, const IO& io, MakePhases make_phases) {
     for (size_t i = 0; i < call.seqs.size(); ++i)
         if (sequence_has_work(call.seqs[i])) busy.push_back(i);
     const Sharing sharing{int64_t(busy.size()) - 1};
-    std::vector<std::unique_ptr<CallPhases>> calls;
-    std::vector<double> work;
+    // Each sequence's phases are made on the pool too: making them takes
+    // each sequence's workspace, and at hundreds of short sequences that was
+    // a serial stretch of the call. (A maker's own parallel_for, the AMX
+    // backward's pairing of q and do, runs nested: its caller works its
+    // own job, thread_pool.h.)
+    std::vector<std::unique_ptr<CallPhases>> calls(busy.size());
+    std::vector<double> work(busy.size());
+    parallel_for(int64_t(busy.size()), [&](int64_t c) {
+        const size_t i = busy[size_t(c)];
+        calls[size_t(c)] = make_phases(call.seqs[i], sequence_io(call, io, i), sharing);
+        work[size_t(c)] = sequence_work(call.seqs[i]);
+    });
     int phases = 0;
-    for (size_t i : busy) {
-        calls.push_back(make_phases(call.seqs[i], sequence_io(call, io, i), sharing));
-        work.push_back(sequence_work(call.seqs[i]));
-        phases = std::max(phases, calls.back()->phases());
-    }
+    for (const auto& c : calls) phases = std::max(phases, c->phases());
     struct Task {
         CallPhases* call;
         int64_t index;
