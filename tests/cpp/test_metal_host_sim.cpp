@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <random>
 #include <memory>
 #include <string>
@@ -393,7 +394,9 @@ void run_varlen_case(const std::vector<int32_t>& lens_q, const std::vector<int32
         CHECK(close(lse1, lse2));
     }
 
-    std::vector<float> g1(size_t((tq + 2 * tk) * H * D)), g2(g1.size());
+    // NaN first: every row must be written (the call clears none first).
+    std::vector<float> g1(size_t((tq + 2 * tk) * H * D), std::numeric_limits<float>::quiet_NaN()),
+        g2(g1);
     float ds1[4] = {0}, ds2[4] = {0};
     auto grads = [&](std::vector<float>& g, float* ds, Engine& e, VarlenSchedule sched) {
         run_backward_varlen(e, seqs, view(dout.data(), tq, H, D), view(q.data(), tq, H, D),
@@ -407,6 +410,8 @@ void run_varlen_case(const std::vector<int32_t>& lens_q, const std::vector<int32
     grads(g2, ds2, *sim, VarlenSchedule::per_sequence);
     const size_t used = size_t((tq * H + 2 * tk * Hkv) * D);
     CHECK(same_bits(g1.data(), g2.data(), used * 4));
+    CHECK(std::all_of(g1.begin(), g1.begin() + std::ptrdiff_t(used),
+                      [](float x) { return std::isfinite(x); }));
     CHECK(same_bits(ds1, ds2, sizeof ds1));
     ++cases_run;
 }
