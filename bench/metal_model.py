@@ -90,10 +90,16 @@ class Kernel:
     delta_mma: bool    # dQ computes delta = rowsum(dO o) itself (else a preprocess kernel)
     registers: int     # per thread, from the GPU gate (docs/gpu-gate.md), for occupancy
     pad: int = 4       # elements of padding per staged row (FA_LD: 16 bytes after issue 30, 4 elements before)
+    split: int = 1     # dK/dV: SIMD groups sharing 8 keys, each 1/split of D (FA_DKDV_SPLIT)
 
     @property
     def threads(self) -> int:
         return 32 * self.simdgroups
+
+    @property
+    def rows(self) -> int:
+        """Rows a threadgroup owns: queries (fwd, dq) or keys (dkdv)."""
+        return 8 * self.simdgroups // self.split
 
     @property
     def ld(self) -> int:
@@ -105,11 +111,13 @@ class Kernel:
         tiles = 2 * self.block * self.ld * e
         if self.kind == "dkdv":
             tiles += 2 * 4 * self.block  # lse and delta rows
+            if self.split > 1:           # the pairs' partial S^T and dP^T
+                tiles += self.threads * self.block // 2 * 4
         return tiles
 
     # -- counts of one step, per SIMD group (matrix ops, loads) -----------
     def mma(self) -> int:
-        b8, h8, c8 = self.block // 8, self.HD // 8, self.chunk // 8
+        b8, h8, c8 = self.block // 8, self.HD // 8 // self.split, self.chunk // 8 // self.split
         if self.kind == "fwd":
             return b8 * h8 + c8 * b8
         if self.kind == "dq":
@@ -118,14 +126,14 @@ class Kernel:
 
     def fragment_loads(self) -> tuple[int, int]:
         """(transposed, direct) fragment loads from threadgroup memory."""
-        b8, h8, c8 = self.block // 8, self.HD // 8, self.chunk // 8
+        b8, h8, c8 = self.block // 8, self.HD // 8 // self.split, self.chunk // 8 // self.split
         if self.kind == "fwd":
             return b8 * h8, c8 * b8
         return 2 * b8 * h8, (1 if self.kind == "dq" else 2) * c8 * b8
 
     def useful_mma(self) -> float:
         """Products a step needs once: recomputation for column chunks excluded."""
-        b8, h8, c8 = self.block // 8, self.HD // 8, self.chunk // 8
+        b8, h8, c8 = self.block // 8, self.HD // 8 // self.split, self.chunk // 8 // self.split
         share = self.chunk / self.HD
         if self.kind == "fwd":
             return b8 * h8 * share + c8 * b8
@@ -146,8 +154,10 @@ class Kernel:
             widen = chip.bf16_widen_slots if self.dtype == "bf16" else 1
             s += (transposed + direct) * 2 * (1 + widen)
         if not self.resident:                      # operand rows reloaded from device per use
-            uses = b8 * h8 * (1 if self.kind == "fwd" else 2)
+            uses = b8 * h8 * (1 if self.kind == "fwd" else 2) // self.split
             s += uses * 6
+        if self.split > 1:                         # the pair's partial S^T, dP^T: store, load, add
+            s += 2 * per_lane * 3
         # element-wise work on the lane's scores
         if self.kind == "fwd":
             s += per_lane * (4 + EXP2_SLOTS) + 4 * SHUFFLE_SLOTS + 8 + EXP2_SLOTS + self.chunk // 4
@@ -177,6 +187,8 @@ class Kernel:
         transposed, direct = self.fragment_loads()
         loads = self.simdgroups * (transposed + direct) * 64 * e
         stores = 2 * self.block * self.HD * e
+        if self.split > 1:                          # the pairs' exchange, stored and loaded
+            stores += 2 * self.threads * self.block // 2 * 4
         return loads + stores
 
     def device_traffic(self) -> float:
@@ -184,7 +196,7 @@ class Kernel:
         staged = 2 * self.block * self.HD * e
         if not self.resident:
             b8, h8 = self.block // 8, self.HD // 8
-            uses = b8 * h8 * (1 if self.kind == "fwd" else 2)
+            uses = b8 * h8 * (1 if self.kind == "fwd" else 2) // self.split
             staged += self.simdgroups * uses * 64 * e
         return staged
 
@@ -194,10 +206,14 @@ class Kernel:
         by_regs = chip.register_bytes // (self.threads * self.registers * 4)
         return max(1, min(by_tg, by_threads, by_regs if chip.registers_limit_occupancy else by_tg))
 
+    def barriers(self) -> int:
+        """Per step: stage, then release the tiles; a split pair's exchange."""
+        return 2 + (self.split > 1)
+
     def step_cycles(self, chip: Chip) -> float:
         alu = self.simdgroups * self.slots(chip) / 4
         if self.resident_threadgroups(chip) == 1:
-            alu += 2 * BARRIER_STALL
+            alu += self.barriers() * BARRIER_STALL
         return max(alu, self.tg_traffic() / chip.tg_bytes_per_cycle,
                    self.device_traffic() / chip.l2_bytes_per_cycle)
 
@@ -264,6 +280,10 @@ def after(kind: str, HD: int, dtype: str) -> Kernel:
         k = dataclasses.replace(k, resident=HD <= (64 if f32 else 128))
     elif kind == "dq" and HD == 64 and f32:
         k = dataclasses.replace(k, block=16)
+    elif kind == "dkdv" and (96 <= HD <= 128 or (HD == 64 and not f32)):
+        # SIMD-group pairs, each half of D, 8 queries a step (FA_DKDV_SPLIT):
+        # no column chunks; K and V in registers up to hd96, reloaded at hd128
+        k = dataclasses.replace(k, split=2, block=8, chunk=HD, resident=HD <= 96)
     return dataclasses.replace(k, frag16=not f32, copy16=True, s_partials=2,
                                p_half=not f32, pad=16 // elem_bytes(dtype),
                                registers=AFTER_REGISTERS[(kind, HD)][DTYPES.index(dtype)])
@@ -283,14 +303,14 @@ def predicted_counts(k: Kernel, T: int) -> dict:
     SIMD groups' vote on the forward's exact pass, fa_leaked: the "before"
     kernels, 9063bbb, had none, and the backward's has none since its
     per-tile select)."""
-    row_blocks = T // 32
+    row_blocks = T // k.rows
     steps = T // k.block
     chunks = k.HD // k.chunk
     launches = row_blocks * chunks * steps
     transposed, direct = k.fragment_loads()
     return {"mma": launches * k.simdgroups * k.mma(),
             "matrix_loads": launches * k.simdgroups * (transposed + direct),
-            "barriers": launches * 2 + (row_blocks * chunks if k.kind == "fwd" else 0)}
+            "barriers": launches * k.barriers() + (row_blocks * chunks if k.kind == "fwd" else 0)}
 
 
 def simulated_counts(HD: int, dtype: str, T: int = 64) -> dict:
@@ -345,7 +365,7 @@ def fwd_bwd_share(make, HD: int, dtype: str, chip: Chip) -> float:
     cycles = 0.0
     for kind in KINDS:
         k = make(kind, HD, dtype)
-        steps = (1 / 32) * (1 / k.block) * (HD / k.chunk)  # per T^2 rows x keys
+        steps = (1 / k.rows) * (1 / k.block) * (HD / k.chunk)  # per T^2 rows x keys
         cycles += steps * k.step_cycles(chip)
     return 14 * HD / (cycles * FLOPS_PER_CORE_CYCLE)
 

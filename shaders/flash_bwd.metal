@@ -24,7 +24,10 @@
 #include "flash_device.h"
 
 // delta[b, h, i] = sum_d dout[b, i, h, d] * o[b, i, h, d]. One thread per
-// row; O(T D) work, negligible next to the O(T^2 D) kernels.
+// row; O(T D) work, negligible next to the O(T^2 D) kernels. Summed as the
+// kernels' matrix products sum dP = dO V^T: FA_DP_PARTIALS chains, chain s
+// taking the 8-column blocks d / 8 = s (mod FA_DP_PARTIALS) in order, added
+// at the end, so that a saturated row's dP - delta is exactly 0.
 template <class T>
 kernel void flash_bwd_preprocess(device const T* dout [[buffer(0)]],
                                  device const T* o [[buffer(1)]],
@@ -44,7 +47,14 @@ kernel void flash_bwd_preprocess(device const T* dout [[buffer(0)]],
     const fa_long go = fa_row_offset(p.dout.b, p.dout.t, p.dout.h, b, seq.q0, i, h, varlen);
     const fa_long oo = fa_row_offset(p.o.b, p.o.t, p.o.h, b, seq.q0, i, h, varlen);
     float sum = 0.0f;
-    for (int d = 0; d < p.D; ++d) sum = fma(float(dout[go + d]), float(o[oo + d]), sum);
+    FA_UNROLL
+    for (int s = 0; s < FA_DP_PARTIALS; ++s) {
+        float part = 0.0f;
+        for (int d0 = 8 * s; d0 < p.D; d0 += 8 * FA_DP_PARTIALS)
+            for (int d = d0; d < min(d0 + 8, p.D); ++d)
+                part = fma(float(dout[go + d]), float(o[oo + d]), part);
+        sum = s == 0 ? part : sum + part;
+    }
     delta[fa_stat_row0(p, seq, b, h, varlen) + i] = sum;
 }
 
@@ -154,7 +164,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0
         // every row r of the tile (q . k with an inf or NaN term), seen or
         // not, so the raw scores tell (fa_nonfinite): no test of K itself.
         const bool exact = (tile == fa_tile_masked || fa_has_mask()) && fa_nonfinite(S);
-        fa_rows_times_tile<HD, BK, 1, false>(dP, G, Vs, LD, 1.0f);
+        fa_rows_times_tile<HD, BK, FA_DP_PARTIALS, false>(dP, G, Vs, LD, 1.0f);
         fa_op<typename FaPrecision<T>::dS> dS[BK / 8];
         FA_UNROLL
         for (int k8 = 0; k8 < BK / 8; ++k8) {
@@ -197,9 +207,43 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0
                  p.scale);
 }
 
-// dk and dv for FA_BLOCK_ROWS key rows of one kv head, columns [c0, c0 +
+// The halves of a SIMD-group pair (FA_DKDV_SPLIT) exchange their partial
+// S^T and dP^T: each lane puts its elements in `xs`, and after a barrier
+// adds its partner's -- the same lane of SIMD group sg ^ 1, holding the
+// same elements of the other parity's partial sum (tid ^ 32). part0 +
+// part1 is what fa_rows_times_tile adds in one SIMD group: the same bits.
+template <int N8>
+FA_INLINE void fa_pair_put(threadgroup float* xs, const thread fa_frag (&a)[N8],
+                           const thread fa_frag (&b)[N8], uint tid) {
+    FA_UNROLL
+    for (int n8 = 0; n8 < N8; ++n8) {
+        FA_UNROLL
+        for (int e = 0; e < 2; ++e) {
+            xs[(n8 * 2 + e) * FA_THREADS + tid] = a[n8].thread_elements()[e];
+            xs[((N8 + n8) * 2 + e) * FA_THREADS + tid] = b[n8].thread_elements()[e];
+        }
+    }
+}
+template <int N8>
+FA_INLINE void fa_pair_add(threadgroup const float* xs, thread fa_frag (&a)[N8],
+                           thread fa_frag (&b)[N8], uint tid) {
+    const uint partner = tid ^ uint(FA_SIMD_WIDTH);
+    FA_UNROLL
+    for (int n8 = 0; n8 < N8; ++n8) {
+        FA_UNROLL
+        for (int e = 0; e < 2; ++e) {
+            a[n8].thread_elements()[e] += xs[(n8 * 2 + e) * FA_THREADS + partner];
+            b[n8].thread_elements()[e] += xs[((N8 + n8) * 2 + e) * FA_THREADS + partner];
+        }
+    }
+}
+
+// dk and dv for FA_DKDV_KEYS(HD) key rows of one kv head, columns [c0, c0 +
 // FA_DKDV_DCHUNK(HD)) of D (grid.y = Hkv * HD / FA_DKDV_DCHUNK(HD)), summed
 // over the query heads of the group and the query rows that see each key.
+// With FA_DKDV_SPLIT = 2 (hd96, hd128; float32 hd64) a pair of SIMD groups
+// holds 8 keys, each half every other 8-column block of K, V, dK and dV in
+// registers; the pair adds its partial S^T and dP^T (fa_pair_put).
 // Q blocks (scaled by `scale`, as the forward scales Q, so S^T holds the
 // forward's scores bit for bit) and dout blocks of FA_DKDV_STAGE(HD, T) rows are
 // staged with their lse and delta.
@@ -225,44 +269,54 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
     const int BQ = FA_DKDV_STAGE(HD, T);
     const int LD = FA_LD(HD, T);
     const int DC = FA_DKDV_DCHUNK(HD);
+    const int SPLIT = FA_DKDV_SPLIT(HD, sizeof(T));
+    static_assert(SPLIT == 1 || (SPLIT == FA_S_PARTIALS && SPLIT == FA_DP_PARTIALS && DC == HD),
+                  "a split half sums one partial of S^T and dP^T over the whole head");
     (void)sinks;  // a sink changes only lse, which the forward gave
     FA_TG_ARRAY(T, Qs, FA_DKDV_STAGE(HD, T) * FA_LD(HD, T));
     FA_TG_ARRAY(T, Gs, FA_DKDV_STAGE(HD, T) * FA_LD(HD, T));
     FA_TG_ARRAY(float, Ls, FA_DKDV_STAGE(HD, T));
     FA_TG_ARRAY(float, Ds, FA_DKDV_STAGE(HD, T));
+    // The pair's partial S^T and dP^T: BQ / 4 elements of each per lane.
+    FA_TG_ARRAY(float, Xs, FA_DKDV_SPLIT(HD, sizeof(T)) > 1 ? FA_DKDV_STAGE(HD, T) / 2 * FA_THREADS : 1);
 
     const uint3 pos = fa_group_position(grid_pos, p);
     const int chunks = HD / DC;
     const int hkv = int(pos.y) / chunks;
     const int c0 = (int(pos.y) % chunks) * DC;
     const int b = int(pos.z);
-    const int j_first = int(pos.x) * FA_BLOCK_ROWS;
+    const int j_first = int(pos.x) * FA_DKDV_KEYS(HD, sizeof(T));
     const FaLane at = fa_lane(lane);
     const FaSeq seq = fa_sequence(p, seqs, b, fa_is_varlen());
     const int Tq = seq.Tq, Tk = seq.Tk;
     // Varlen: a block past this sequence's keys has nothing to do (a
     // sequence without queries runs on, writing dk = dv = 0).
     if (fa_is_varlen() && j_first >= Tk) return;
+    // The SIMD group's first column: its half's first 8-column block.
+    const int cs = c0 + int(sg) % SPLIT * 8;
 
-    // This lane's key (shared with lanes ^1, ^8, ^9) and the queries seeing it.
-    const int j = j_first + int(sg) * 8 + at.row;
+    // This lane's key (shared with lanes ^1, ^8, ^9, and the pair's other
+    // half) and the queries seeing it.
+    const int j = j_first + int(sg) / SPLIT * 8 + at.row;
     const bool key_valid = j < Tk;
     int col_begin = 0x3fffffff, col_end = 0;
     if (key_valid) {
         col_begin = int(fa_query_begin(j, Tq, Tk, p.window_right));
         col_end = int(fa_query_end(j, Tq, Tk, p.window_left));
     }
-    const int j_last = min(j_first + FA_BLOCK_ROWS, Tk) - 1;
+    const int j_last = min(j_first + FA_DKDV_KEYS(HD, sizeof(T)), Tk) - 1;
     const int group_begin = int(fa_query_begin(j_first, Tq, Tk, p.window_right));
     const int group_end = int(fa_query_end(j_last, Tq, Tk, p.window_left));
 
-    FaRowFragments<HD, FA_DKDV_ROWS_IN_REGISTERS(HD, T), T> K, V;
-    K.load(key_valid ? k + fa_row_offset(p.k.b, p.k.t, p.k.h, b, seq.k0, j, hkv, fa_is_varlen()) : nullptr, at.col, p.D, 1.0f);
-    V.load(key_valid ? v + fa_row_offset(p.v.b, p.v.t, p.v.h, b, seq.k0, j, hkv, fa_is_varlen()) : nullptr, at.col, p.D, 1.0f);
+    FaRowFragments<HD, FA_DKDV_ROWS_IN_REGISTERS(HD, T), T, SPLIT> K, V;
+    K.load(key_valid ? k + fa_row_offset(p.k.b, p.k.t, p.k.h, b, seq.k0, j, hkv, fa_is_varlen()) : nullptr,
+           cs - c0 + at.col, p.D, 1.0f);
+    V.load(key_valid ? v + fa_row_offset(p.v.b, p.v.t, p.v.h, b, seq.k0, j, hkv, fa_is_varlen()) : nullptr,
+           cs - c0 + at.col, p.D, 1.0f);
 
-    fa_frag dK[DC / 8], dV[DC / 8];
+    fa_frag dK[DC / 8 / SPLIT], dV[DC / 8 / SPLIT];
     FA_UNROLL
-    for (int d8 = 0; d8 < DC / 8; ++d8) {
+    for (int d8 = 0; d8 < DC / 8 / SPLIT; ++d8) {
         dK[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
         dV[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     }
@@ -284,15 +338,20 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
             }
             threadgroup_barrier(mem_flags::mem_threadgroup);
 
+            // (The halves of a pair hold the same keys: they agree on the
+            // tile, and a skipped tile still meets the pair's barrier.)
             const FaTile tile = fa_classify(col_begin, col_end, i0, BQ);
-            if (tile == fa_tile_skip) continue;
+            bool active = tile != fa_tile_skip;
+            if (SPLIT == 1 && !active) continue;
             // (hd32 has no registers to spare for the score options:
             // plan_backward sends calls with them to the hd64 kernel.)
             const FaScoreMods mods = HD >= 64 ? fa_score_mods_of(sp, alibi, b, h, fa_long(j) * sp.mask_j)
                                               : FaScoreMods{0.0f, 0};
-            if (HD >= 64 && fa_has_mask() &&
-                fa_mask_hides_tile<BQ>(mods, mask, i0, col_begin, col_end, at.col, sp.mask_i))
-                continue;  // the mask hides these queries from the group's keys
+            if (HD >= 64 && fa_has_mask() && active &&
+                fa_mask_hides_tile<BQ>(mods, mask, i0, col_begin, col_end, at.col, sp.mask_i)) {
+                if (SPLIT == 1) continue;  // the mask hides these queries from the group's keys
+                active = false;
+            }
 
             // S^T = K (scale q)^T (float32: the scale multiplies each q
             // element before the product, as the forward's; 16-bit: the
@@ -300,10 +359,22 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
             // dS^T, rounded to their operand types (FaPrecision). S^T holds
             // the forward's scores bit for bit.
             fa_frag St[BQ / 8], dPt[BQ / 8];
-            fa_rows_times_tile<HD, BQ, FA_S_PARTIALS, FaPrecision<T>::scale_q()>(St, K, Qs, LD,
-                                                                                 p.scale);
+            if (SPLIT == 1) {
+                fa_rows_times_tile<HD, BQ, FA_S_PARTIALS, FaPrecision<T>::scale_q()>(St, K, Qs, LD,
+                                                                                     p.scale);
+                fa_rows_times_tile<HD, BQ, FA_DP_PARTIALS, false>(dPt, V, Gs, LD, 1.0f);
+            } else {
+                if (active) {
+                    fa_rows_times_tile<HD, BQ, 1, FaPrecision<T>::scale_q(), SPLIT>(St, K, Qs + cs, LD,
+                                                                                    p.scale);
+                    fa_rows_times_tile<HD, BQ, 1, false, SPLIT>(dPt, V, Gs + cs, LD, 1.0f);
+                    fa_pair_put(Xs, St, dPt, tid);
+                }
+                threadgroup_barrier(mem_flags::mem_threadgroup);
+                if (!active) continue;
+                fa_pair_add(Xs, St, dPt, tid);
+            }
             if (!FaPrecision<T>::scale_q()) fa_scale_scores(St, p.scale);
-            fa_rows_times_tile<HD, BQ, 1, false>(dPt, V, Gs, LD, 1.0f);
             // Some query does not see some key of the tile (cut off by the
             // band, or hidden by the mask) and a query of it holds a NaN or
             // an inf in q or dout: P^T dout and dS^T q would give that key
@@ -340,17 +411,18 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
             // this threadgroup's columns.
             if (exact) {
                 const FaMaskRow hidden{mods, mask, sp.mask_i, HD >= 64 && fa_has_mask()};
-                fa_masked_accumulate(dV, Pt, Gs + c0, LD, at, i0, col_begin, col_end, hidden);
-                fa_masked_accumulate(dK, dSt, Qs + c0, LD, at, i0, col_begin, col_end, hidden);
+                fa_masked_accumulate<SPLIT>(dV, Pt, Gs + cs, LD, at, i0, col_begin, col_end, hidden);
+                fa_masked_accumulate<SPLIT>(dK, dSt, Qs + cs, LD, at, i0, col_begin, col_end, hidden);
                 continue;
             }
             FA_UNROLL
-            for (int d8 = 0; d8 < DC / 8; ++d8) {
+            for (int d8 = 0; d8 < DC / 8 / SPLIT; ++d8) {
                 FA_UNROLL
                 for (int i8 = 0; i8 < BQ / 8; ++i8) {
                     fa_op<T> gf, qf;
-                    simdgroup_load(gf, Gs + i8 * 8 * LD + c0 + d8 * 8, ulong(LD), ulong2(0, 0), false);
-                    simdgroup_load(qf, Qs + i8 * 8 * LD + c0 + d8 * 8, ulong(LD), ulong2(0, 0), false);
+                    const int c = cs + d8 * 8 * SPLIT;
+                    simdgroup_load(gf, Gs + i8 * 8 * LD + c, ulong(LD), ulong2(0, 0), false);
+                    simdgroup_load(qf, Qs + i8 * 8 * LD + c, ulong(LD), ulong2(0, 0), false);
                     simdgroup_multiply_accumulate(dV[d8], Pt[i8], gf, dV[d8]);
                     simdgroup_multiply_accumulate(dK[d8], dSt[i8], qf, dK[d8]);
                 }
@@ -358,9 +430,11 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
         }
     }
 
-    if (!key_valid || c0 + at.col >= p.D) return;
-    fa_store_row(dk + fa_row_offset(p.dk.b, p.dk.t, p.dk.h, b, seq.k0, j, hkv, fa_is_varlen()), dK, c0, at.col, p.D, p.scale);
-    fa_store_row(dv + fa_row_offset(p.dv.b, p.dv.t, p.dv.h, b, seq.k0, j, hkv, fa_is_varlen()), dV, c0, at.col, p.D, 1.0f);
+    if (!key_valid || cs + at.col >= p.D) return;
+    fa_store_row<SPLIT>(dk + fa_row_offset(p.dk.b, p.dk.t, p.dk.h, b, seq.k0, j, hkv, fa_is_varlen()), dK, cs,
+                        at.col, p.D, p.scale);
+    fa_store_row<SPLIT>(dv + fa_row_offset(p.dv.b, p.dv.t, p.dv.h, b, seq.k0, j, hkv, fa_is_varlen()), dV, cs,
+                        at.col, p.D, 1.0f);
 }
 
 #define FA_INSTANTIATE_BWD(NAME, T, HD)                                                         \

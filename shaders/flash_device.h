@@ -181,15 +181,15 @@ FA_INLINE vec<T, 2> fa_load_pair(device const T* row, int c, int n) {
     return vec<T, 2>(c < n ? row[c] : T(0.0f), T(0.0f));
 }
 
-// Writes the lane's elements of a row of N8 fragments (columns c0 + 8 * n8
-// + col and the next) times `scale` to `out`, rounded to T, skipping
-// columns at or past D.
-template <int N8, class T>
+// Writes the lane's elements of a row of N8 fragments (columns c0 + 8 *
+// STEP * n8 + col and the next: STEP 2 for a dK/dV half, FA_DKDV_SPLIT)
+// times `scale` to `out`, rounded to T, skipping columns at or past D.
+template <int STEP = 1, int N8, class T>
 FA_INLINE void fa_store_row(device T* out, const thread fa_frag (&A)[N8], int c0, int col, int D,
                             float scale) {
     FA_UNROLL
     for (int n8 = 0; n8 < N8; ++n8) {
-        const int c = c0 + n8 * 8 + col;
+        const int c = c0 + n8 * 8 * STEP + col;
         if (fa_head_full || c < D) out[c] = T(A[n8].thread_elements()[0] * scale);
         if (fa_head_full || c + 1 < D) out[c + 1] = T(A[n8].thread_elements()[1] * scale);
     }
@@ -296,12 +296,14 @@ FA_INLINE ushort fa_lane_of(int row, int col) {
 }
 
 // The 8 x HD rows of one operand that a SIMD group multiplies by, as
-// fragments of T (frag(d8) is columns 8*d8 .. 8*d8+7); float rows times
+// fragments of T (frag(d8) is columns 8*d8 .. 8*d8+7, counted from the
+// `col` given to load; with STEP > 1 only every STEP-th 8-column block is
+// held, frag(e) being block STEP*e: a dK/dV half, FA_DKDV_SPLIT); float rows times
 // `scale` (FaPrecision::scale_q; the others' products are scaled). With IN_REGISTERS they
 // are loaded once and live in registers (HD/4 per thread as float, HD/8 as
 // 16-bit pairs); otherwise each frag() loads the lane's two elements again
 // from device memory. Rows the SIMD group does not own (row == 0) are zero.
-template <int HD, bool IN_REGISTERS, class T>
+template <int HD, bool IN_REGISTERS, class T, int STEP = 1>
 struct FaRowFragments;
 
 template <class T>
@@ -318,19 +320,19 @@ FA_ALWAYS_INLINE fa_op<T> fa_row_frag(device const T* row, int c, int D, float s
     return m;
 }
 
-template <int HD, class T>
-struct FaRowFragments<HD, true, T> {
-    fa_op<T> f[HD / 8];
+template <int HD, class T, int STEP>
+struct FaRowFragments<HD, true, T, STEP> {
+    fa_op<T> f[HD / 8 / STEP];
 
     FA_INLINE void load(device const T* row, int col, int D, float scale) {
         FA_UNROLL
-        for (int d8 = 0; d8 < HD / 8; ++d8) f[d8] = fa_row_frag(row, d8 * 8 + col, D, scale);
+        for (int d8 = 0; d8 < HD / 8 / STEP; ++d8) f[d8] = fa_row_frag(row, d8 * 8 * STEP + col, D, scale);
     }
     FA_INLINE fa_op<T> frag(int d8) const { return f[d8]; }
 };
 
-template <int HD, class T>
-struct FaRowFragments<HD, false, T> {
+template <int HD, class T, int STEP>
+struct FaRowFragments<HD, false, T, STEP> {
     device const T* row_;
     int col_, D_;
     float scale_;
@@ -338,7 +340,7 @@ struct FaRowFragments<HD, false, T> {
     FA_INLINE void load(device const T* row, int col, int D, float scale) {
         row_ = row, col_ = col, D_ = D, scale_ = scale;
     }
-    FA_INLINE fa_op<T> frag(int d8) const { return fa_row_frag(row_, d8 * 8 + col_, D_, scale_); }
+    FA_INLINE fa_op<T> frag(int d8) const { return fa_row_frag(row_, d8 * 8 * STEP + col_, D_, scale_); }
 };
 
 // C = A B^T for the SIMD group's 8 rows (A's fragments, of T) against the
@@ -349,11 +351,14 @@ struct FaRowFragments<HD, false, T> {
 // Scores take FA_S_PARTIALS, so a score's rounding error stays within the
 // accuracy rule at score spreads up to 100 (README, accuracy); the forward,
 // dQ and dK/dV kernels all sum S so, and the backward's scores are the
-// forward's, bit for bit. dP = dO V^T takes one chain, as delta = rowsum(dO
-// o) sums (a saturated row's dP - delta is then exactly 0). SCALE_B: B's
-// fragments (float32 q, when A is K) are multiplied by b_scale as they load,
-// as the forward scales q.
-template <int HD, int BK, int PARTS, bool SCALE_B, class Rows, class T>
+// forward's, bit for bit. dP = dO V^T takes FA_DP_PARTIALS, as delta =
+// rowsum(dO o) sums (a saturated row's dP - delta is then exactly 0).
+// SCALE_B: B's fragments (float32 q, when A is K) are multiplied by b_scale
+// as they load, as the forward scales q. STEP > 1: A holds every STEP-th
+// block of D (FaRowFragments' STEP; `tile` starts at the first one's
+// column), and C gets that share of the sum (a dK/dV half: PARTS 1, its
+// partial sum, FA_DKDV_SPLIT).
+template <int HD, int BK, int PARTS, bool SCALE_B, int STEP = 1, class Rows, class T>
 FA_ALWAYS_INLINE void fa_rows_times_tile(thread fa_frag (&C)[BK / 8], const thread Rows& A,
                                   threadgroup const T* tile, int ld, float b_scale) {
     FA_UNROLL
@@ -362,9 +367,9 @@ FA_ALWAYS_INLINE void fa_rows_times_tile(thread fa_frag (&C)[BK / 8], const thre
         FA_UNROLL
         for (int s = 0; s < PARTS; ++s) part[s] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
         FA_UNROLL
-        for (int d8 = 0; d8 < HD / 8; ++d8) {
+        for (int d8 = 0; d8 < HD / 8 / STEP; ++d8) {
             fa_op<T> bt;
-            simdgroup_load(bt, tile + k8 * 8 * ld + d8 * 8, ulong(ld), ulong2(0, 0), true);
+            simdgroup_load(bt, tile + k8 * 8 * ld + d8 * 8 * STEP, ulong(ld), ulong2(0, 0), true);
             if (SCALE_B) {  // float32 only (FaPrecision::scale_q)
                 bt.thread_elements()[0] = T(float(bt.thread_elements()[0]) * b_scale);
                 bt.thread_elements()[1] = T(float(bt.thread_elements()[1]) * b_scale);
@@ -499,9 +504,10 @@ FA_INLINE bool fa_mask_hides_tile(FaScoreMods mods, device const uchar* mask, in
 // where some row does not see some column: a matrix multiply would give that
 // row 0 * inf = NaN. A is K8 fragments of 8 x 8 (an element at a time,
 // gathered by shuffles), acc N8 fragments of output columns, B the staged
-// rows k at pitch ld from the output's first column. Slow, and only taken
+// rows k at pitch ld from the output's first column (acc[n8] is B's
+// columns 8 * STEP * n8 on: STEP 2 for a dK/dV half). Slow, and only taken
 // for such tiles.
-template <int K8, int N8, class TA, class T>
+template <int STEP = 1, int K8, int N8, class TA, class T>
 FA_INLINE void fa_masked_accumulate(thread fa_frag (&acc)[N8], const thread fa_op<TA> (&A)[K8],
                                     threadgroup const T* B, int ld, FaLane at, int k_first,
                                     int begin, int end, FaMaskRow hidden) {
@@ -523,9 +529,9 @@ FA_INLINE void fa_masked_accumulate(thread fa_frag (&acc)[N8], const thread fa_o
         FA_UNROLL
         for (int n8 = 0; n8 < N8; ++n8) {
             acc[n8].thread_elements()[0] =
-                fma(a, float(b[n8 * 8]), acc[n8].thread_elements()[0]);
+                fma(a, float(b[n8 * 8 * STEP]), acc[n8].thread_elements()[0]);
             acc[n8].thread_elements()[1] =
-                fma(a, float(b[n8 * 8 + 1]), acc[n8].thread_elements()[1]);
+                fma(a, float(b[n8 * 8 * STEP + 1]), acc[n8].thread_elements()[1]);
         }
     }
 }

@@ -43,7 +43,7 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // resident rows and accumulators (docs/metal.md has the table).
 #define FA_FWD_STAGE(HD, T) ((HD) <= 64 ? 32 : ((HD) <= 128 ? 16 : 8))
 #define FA_DQ_STAGE(HD, T) ((HD) <= 32 ? 32 : (HD) <= 64 ? (sizeof(T) == 4 ? 16 : 32) : ((HD) <= 128 ? 16 : 8))
-#define FA_DKDV_STAGE(HD, T) ((HD) <= 32 ? 32 : (HD) <= 128 ? 16 : 8)
+#define FA_DKDV_STAGE(HD, T) ((HD) <= 32 ? 32 : FA_DKDV_SPLIT(HD, sizeof(T)) > 1 ? 8 : (HD) <= 128 ? 16 : 8)
 // Row pitch of a staged tile: 16 bytes of padding (4 float32 or 8 16-bit
 // elements), so the rows of a transposed 8x8 load fall in different banks
 // and every row starts 16-byte aligned for the staging's vector stores.
@@ -51,6 +51,10 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // Partial sums of a score over D (fa_scores): 2 halves the length of each
 // float32 rounding chain.
 #define FA_S_PARTIALS 2
+// Partial sums of dP = dO V^T over D, and of delta = rowsum(dO o), which
+// must round as dP does (a saturated row's dP - delta is then exactly 0):
+// 2, so the dK/dV kernel's split halves each sum one (FA_DKDV_SPLIT).
+#define FA_DP_PARTIALS 2
 // Elements of the storage type in 16 bytes: the unit staging moves.
 #define FA_VEC16(T) int(16 / sizeof(T))
 
@@ -61,14 +65,26 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // dQ); dK/dV: K and V (and dK, dV).
 #define FA_FWD_Q_IN_REGISTERS(HD, T) ((HD) <= (sizeof(T) == 4 ? 64 : 128))
 #define FA_DQ_ROWS_IN_REGISTERS(HD, T) ((HD) <= 64)
-#define FA_DKDV_ROWS_IN_REGISTERS(HD, T) ((HD) <= 32)
+#define FA_DKDV_ROWS_IN_REGISTERS(HD, T) ((HD) <= 32 || ((HD) <= 96 && FA_DKDV_SPLIT(HD, sizeof(T)) > 1))
+// The dK/dV kernel's key rows may be shared by a pair of SIMD groups, each
+// owning every other 8-column block of D (d8 % 2 == its half) of K, V, dK
+// and dV: half a head's fragments each, so K, V and the accumulators stay in
+// registers up to hd128, where one SIMD group's whole head would not fit
+// the gate's 128 (docs/metal.md). Each half sums its blocks' share of S^T
+// and dP^T -- exactly the forward's partial sum of that parity
+// (FA_S_PARTIALS, FA_DP_PARTIALS) -- and the pair adds the two through
+// threadgroup memory, so nothing is recomputed per column chunk. A
+// threadgroup then owns FA_BLOCK_ROWS / SPLIT keys. BYTES: sizeof(T) (the
+// host passes the dtype's size).
+#define FA_DKDV_SPLIT(HD, BYTES) ((HD) >= 96 && (HD) <= 128 ? 2 : (HD) == 64 && (BYTES) == 2 ? 2 : 1)
+#define FA_DKDV_KEYS(HD, BYTES) (FA_BLOCK_ROWS / FA_DKDV_SPLIT(HD, BYTES))
 // Accumulators (O; dQ; dK and dV) cover at most a chunk of D columns per
 // threadgroup: the full head where the gate finds that it fits in 128
 // registers, else a launch has HD / chunk threadgroups per row block, each
 // recomputing the scores for its columns (the FLOP cost is in docs/metal.md).
 #define FA_FWD_DCHUNK(HD) ((HD) <= 128 ? (HD) : 128)
 #define FA_DQ_DCHUNK(HD) ((HD) <= 128 ? (HD) : 64)
-#define FA_DKDV_DCHUNK(HD) ((HD) <= 96 ? (HD) : 64)
+#define FA_DKDV_DCHUNK(HD) ((HD) <= 128 ? (HD) : 64)
 
 // Threads of the O(T D) kernels (delta preprocess, split-KV merge): one per
 // row, and one SIMD group per row, respectively.

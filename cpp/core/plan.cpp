@@ -206,7 +206,8 @@ Plan plan_backward(const FlashParams& p, DType dtype) {
         "flash_bwd_dkdv_" + dt + "_hd" + std::to_string(dkdv_bucket),
         {Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse, Slot::delta, Slot::dk, Slot::dv,
          Slot::params, Slot::score, Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs},
-        Dim3{blocks(p.Tk, FA_BLOCK_ROWS), uint32_t(p.Hkv) * chunks, uint32_t(p.B)},
+        Dim3{blocks(p.Tk, FA_DKDV_KEYS(dkdv_bucket, int(dtype_size(dtype)))), uint32_t(p.Hkv) * chunks,
+             uint32_t(p.B)},
         kTiled,
         head_constants(p, dkdv_bucket, dtype),
     });

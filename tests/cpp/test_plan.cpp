@@ -208,7 +208,9 @@ int main() {
                                                  Slot::delta, Slot::dk, Slot::dv, Slot::params,
                                                  Slot::score, Slot::alibi, Slot::mask,
                                                  Slot::sinks, Slot::seqs}));
-        CHECK(same(dkdv.grid, 3, 3 * 2, 2));  // two column chunks of 64 per kv head
+        // SIMD-group pairs (FA_DKDV_SPLIT): 16 keys a threadgroup, the whole head.
+        CHECK(FA_DKDV_SPLIT(128, 4) == 2 && FA_DKDV_KEYS(128, 4) == 16);
+        CHECK(same(dkdv.grid, 5, 3, 2));
         CHECK(same(dkdv.threadgroup, FA_THREADS, 1, 1));
         // hd256 accumulates in column chunks: o in 2 of 128, dq and dk/dv in 4 of 64.
         CHECK(same(plan_forward(params(1, 40, 40, 4, 2, 200)).launches[0].grid, 4, 2 * 2, 1));
