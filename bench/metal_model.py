@@ -259,17 +259,21 @@ def before(kind: str, HD: int, dtype: str) -> Kernel:
 # "after": the kernels as they are now (issue 30): staging moves 16-byte
 # vectors as they are (9db780c), one at a time per thread, 16-bit operand
 # fragments loaded by simdgroup_load, P (and bfloat16's dS) rounded to the
-# 16-bit type, S summed over D in two partial sums, rows padded by 16
-# bytes; block sizes and which rows stay in registers by dtype and head
+# 16-bit type, S (and dP) summed over D in two partial sums, rows padded by
+# 16 bytes; block sizes and which rows stay in registers by dtype and head
 # size as the GPU resource gate lets them (shaders/flash_kernels.h: dQ
 # stages 16 keys at float32 hd64; the float32 forward reloads Q from hd96);
 # the backward's non-finite check is a per-tile select on the raw scores
-# (no second pass, no vote: no extra barrier). Registers: the gate's table
-# of 877e1e7 (docs/gpu-gate.md), the highest over the constant sets.
+# (no second pass, no vote: no extra barrier); dK/dV in SIMD-group pairs
+# (FA_DKDV_SPLIT: hd64 16-bit, hd96, hd128), each half of D, 8 queries a
+# step, adding their partial S^T and dP^T through threadgroup memory (one
+# more barrier a step): no column chunks at hd128, K and V in registers up
+# to hd96. Registers: the gate's table of the pairs' commit (docs/gpu-gate.md),
+# the highest over the constant sets.
 AFTER_REGISTERS = {
     ("fwd", 64): (116, 96, 98), ("fwd", 128): (122, 128, 128),
-    ("dq", 64): (115, 109, 109), ("dq", 128): (128, 124, 124),
-    ("dkdv", 64): (125, 128, 128), ("dkdv", 128): (124, 107, 104),
+    ("dq", 64): (117, 117, 117), ("dq", 128): (128, 128, 128),
+    ("dkdv", 64): (126, 126, 127), ("dkdv", 128): (126, 128, 128),
 }
 
 

@@ -43,6 +43,8 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // resident rows and accumulators (docs/metal.md has the table).
 #define FA_FWD_STAGE(HD, T) ((HD) <= 64 ? 32 : ((HD) <= 128 ? 16 : 8))
 #define FA_DQ_STAGE(HD, T) ((HD) <= 32 ? 32 : (HD) <= 64 ? (sizeof(T) == 4 ? 16 : 32) : ((HD) <= 128 ? 16 : 8))
+// (dK/dV: 8 in the SIMD-group pairs, FA_DKDV_SPLIT: with 16, the gate's
+// proxy spilled the pairs' resident halves.)
 #define FA_DKDV_STAGE(HD, T) ((HD) <= 32 ? 32 : FA_DKDV_SPLIT(HD, sizeof(T)) > 1 ? 8 : (HD) <= 128 ? 16 : 8)
 // Row pitch of a staged tile: 16 bytes of padding (4 float32 or 8 16-bit
 // elements), so the rows of a transposed 8x8 load fall in different banks
@@ -65,12 +67,14 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // dQ); dK/dV: K and V (and dK, dV).
 #define FA_FWD_Q_IN_REGISTERS(HD, T) ((HD) <= (sizeof(T) == 4 ? 64 : 128))
 #define FA_DQ_ROWS_IN_REGISTERS(HD, T) ((HD) <= 64)
+// dK/dV: hd32, and the pairs' halves up to hd96 (at hd128 the proxy
+// spilled them: K and V are reloaded there, dK and dV stay).
 #define FA_DKDV_ROWS_IN_REGISTERS(HD, T) ((HD) <= 32 || ((HD) <= 96 && FA_DKDV_SPLIT(HD, sizeof(T)) > 1))
 // The dK/dV kernel's key rows may be shared by a pair of SIMD groups, each
 // owning every other 8-column block of D (d8 % 2 == its half) of K, V, dK
 // and dV: half a head's fragments each, so K, V and the accumulators stay in
-// registers up to hd128, where one SIMD group's whole head would not fit
-// the gate's 128 (docs/metal.md). Each half sums its blocks' share of S^T
+// registers (up to hd96; dK and dV at hd128), where one SIMD group's
+// whole head would not fit the gate's 128 (docs/metal.md). Each half sums its blocks' share of S^T
 // and dP^T -- exactly the forward's partial sum of that parity
 // (FA_S_PARTIALS, FA_DP_PARTIALS) -- and the pair adds the two through
 // threadgroup memory, so nothing is recomputed per column chunk. A
