@@ -90,7 +90,7 @@ class Kernel:
     delta_mma: bool    # dQ computes delta = rowsum(dO o) itself (else a preprocess kernel)
     registers: int     # per thread, from the GPU gate (docs/gpu-gate.md), for occupancy
     pad: int = 4       # elements of padding per staged row (FA_LD: 16 bytes after issue 30, 4 elements before)
-    split: int = 1     # dK/dV: SIMD groups sharing 8 keys, each 1/split of D (FA_DKDV_SPLIT)
+    split: int = 1     # dQ, dK/dV: SIMD groups sharing 8 rows, each 1/split of D (FA_DQ_SPLIT, FA_DKDV_SPLIT)
 
     @property
     def threads(self) -> int:
@@ -111,8 +111,8 @@ class Kernel:
         tiles = 2 * self.block * self.ld * e
         if self.kind == "dkdv":
             tiles += 2 * 4 * self.block  # lse and delta rows
-            if self.split > 1:           # the pairs' partial S^T and dP^T
-                tiles += self.threads * self.block // 2 * 4
+        if self.split > 1:               # the pairs' partial S and dP (S^T and dP^T)
+            tiles += self.threads * self.block // 2 * 4
         return tiles
 
     # -- counts of one step, per SIMD group (matrix ops, loads) -----------
@@ -268,7 +268,8 @@ def before(kind: str, HD: int, dtype: str) -> Kernel:
 # (FA_DKDV_SPLIT: hd64 16-bit, hd96, hd128), each half of D, 8 queries a
 # step, adding their partial S^T and dP^T through threadgroup memory (one
 # more barrier a step): no column chunks at hd128, K and V in registers up
-# to hd96. Registers: the gate's table of the pairs' commit (docs/gpu-gate.md),
+# to hd96; dQ in pairs at hd96 and hd128 (FA_DQ_SPLIT), Q and dO in
+# registers. Registers: the gate's table of the pairs' commit (docs/gpu-gate.md),
 # the highest over the constant sets.
 AFTER_REGISTERS = {
     ("fwd", 64): (116, 96, 98), ("fwd", 128): (122, 128, 128),
@@ -284,6 +285,9 @@ def after(kind: str, HD: int, dtype: str) -> Kernel:
         k = dataclasses.replace(k, resident=HD <= (64 if f32 else 128))
     elif kind == "dq" and HD == 64 and f32:
         k = dataclasses.replace(k, block=16)
+    elif kind == "dq" and 96 <= HD <= 128:
+        # SIMD-group pairs (FA_DQ_SPLIT): Q, dO and dQ halves in registers
+        k = dataclasses.replace(k, split=2, resident=True)
     elif kind == "dkdv" and (96 <= HD <= 128 or (HD == 64 and not f32)):
         # SIMD-group pairs, each half of D, 8 queries a step (FA_DKDV_SPLIT):
         # no column chunks; K and V in registers up to hd96, reloaded at hd128

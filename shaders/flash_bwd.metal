@@ -64,151 +64,8 @@ FA_INLINE float fa_row_lse(float lse) { return lse == -INFINITY ? INFINITY : lse
 // A probability from a recomputed score and its row's lse.
 FA_INLINE float fa_prob(float s, float lse) { return exp2((s - lse) * M_LOG2E_F); }
 
-// dq for FA_BLOCK_ROWS query rows (packed numbering, as the forward) and
-// FA_DQ_DCHUNK(HD) columns (grid.y = Hkv * HD / chunk); K and V staged
-// through threadgroup memory exactly as in the forward.
-template <int HD, class T>
-FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
-                         device const T* k [[buffer(1)]],
-                         device const T* v [[buffer(2)]],
-                         device const T* dout [[buffer(3)]],
-                         device const float* lse [[buffer(4)]],
-                         device const float* delta [[buffer(5)]],
-                         device T* dq [[buffer(6)]],
-                         constant FlashParams& p [[buffer(7)]],
-                         constant FlashScoreParams& sp [[buffer(8)]],
-                         device const float* alibi [[buffer(9)]],
-                         device const uchar* mask [[buffer(10)]],
-                         device const float* sinks [[buffer(11)]],
-                         device const int* seqs [[buffer(12)]],  // varlen: cu_seqlens_q, cu_seqlens_k
-                         uint3 grid_pos [[threadgroup_position_in_grid]],
-                         uint tid [[thread_index_in_threadgroup]],
-                         uint lane [[thread_index_in_simdgroup]],
-                         uint sg [[simdgroup_index_in_threadgroup]]) {
-    const int BK = FA_DQ_STAGE(HD, T);
-    const int LD = FA_LD(HD, T);
-    FA_TG_ARRAY(T, Ks, FA_DQ_STAGE(HD, T) * FA_LD(HD, T));
-    FA_TG_ARRAY(T, Vs, FA_DQ_STAGE(HD, T) * FA_LD(HD, T));
-
-    const int DC = FA_DQ_DCHUNK(HD);
-    (void)sinks;  // a sink changes only lse, which the forward gave
-    const uint3 pos = fa_group_position(grid_pos, p);
-    const int hkv = int(pos.y) / (HD / DC);
-    const int c0 = (int(pos.y) % (HD / DC)) * DC;  // this threadgroup's columns of dq
-    const int b = int(pos.z);
-    const int r0 = int(pos.x) * FA_BLOCK_ROWS;
-    const FaLane at = fa_lane(lane);
-    const FaSeq seq = fa_sequence(p, seqs, b, fa_is_varlen());
-    const int Tq = seq.Tq, Tk = seq.Tk;
-
-    const FaQueryRow row = fa_query_row(p, Tq, hkv, r0 + int(sg) * 8 + at.row);
-    int row_begin = 0x3fffffff, row_end = 0;
-    float row_lse = INFINITY, row_delta = 0.0f;
-    if (row.valid) {
-        row_begin = int(fa_key_begin(row.t, Tq, Tk, p.window_left));
-        row_end = int(fa_key_end(row.t, Tq, Tk, p.window_right));
-        const fa_long stat = fa_stat_row0(p, seq, b, row.h, fa_is_varlen()) + row.t;
-        if (row_begin < row_end) {
-            row_lse = fa_row_lse(lse[stat]);
-            row_delta = delta[stat];
-        }
-    }
-    int t_lo, t_hi;
-    fa_row_span(p, Tq, r0, FA_BLOCK_ROWS, t_lo, t_hi);
-    // Varlen: a block past this sequence's rows has nothing to do (a
-    // sequence without keys runs on, writing dq = 0).
-    if (fa_is_varlen() && t_lo > t_hi) return;
-    const int group_begin = int(fa_key_begin(t_lo, Tq, Tk, p.window_left));
-    const int group_end = int(fa_key_end(t_hi, Tq, Tk, p.window_right));
-
-    FaRowFragments<HD, FA_DQ_ROWS_IN_REGISTERS(HD, T), T> Q, G;
-    Q.load(row.valid ? q + fa_row_offset(p.q.b, p.q.t, p.q.h, b, seq.q0, row.t, row.h, fa_is_varlen()) : nullptr, at.col, p.D,
-           p.scale);
-    G.load(row.valid ? dout + fa_row_offset(p.dout.b, p.dout.t, p.dout.h, b, seq.q0, row.t, row.h, fa_is_varlen()) : nullptr,
-           at.col, p.D, 1.0f);
-
-    // Used only with options. A row past the group's heads (row.valid false)
-    // takes head 0's: its own slope would be read past the end of the array.
-    const FaScoreMods mods =
-        fa_score_mods_of(sp, alibi, b, row.valid ? row.h : 0, fa_long(row.t) * sp.mask_i);
-
-    device const T* k_head = k + fa_row_offset(p.k.b, p.k.t, p.k.h, b, seq.k0, 0, hkv, fa_is_varlen());
-    device const T* v_head = v + fa_row_offset(p.v.b, p.v.t, p.v.h, b, seq.k0, 0, hkv, fa_is_varlen());
-    fa_frag dQ[DC / 8];
-    FA_UNROLL
-    for (int d8 = 0; d8 < DC / 8; ++d8) dQ[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
-    for (int j0 = group_begin; j0 < group_end; j0 += BK) {
-        const int n = min(BK, group_end - j0);
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-        fa_stage<HD, FA_DQ_STAGE(HD, T), FA_THREADS>(Ks, k_head + fa_long(j0) * p.k.t, p.k.t, n, p.D,
-                                                     tid);
-        fa_stage<HD, FA_DQ_STAGE(HD, T), FA_THREADS>(Vs, v_head + fa_long(j0) * p.v.t, p.v.t, n, p.D,
-                                                     tid);
-        threadgroup_barrier(mem_flags::mem_threadgroup);
-
-        const FaTile tile = fa_classify(row_begin, row_end, j0, BK);
-        if (tile == fa_tile_skip) continue;
-        if (fa_has_mask() &&
-            fa_mask_hides_tile<BK>(mods, mask, j0, row_begin, row_end, at.col, sp.mask_j))
-            continue;  // the mask hides this block from the group's rows: no dq from it
-
-        // S = Q K^T and dP = dout V^T, then dS = P (dP - delta), rounded
-        // to its operand type (FaPrecision).
-        fa_frag S[BK / 8], dP[BK / 8];
-        fa_rows_times_tile<HD, BK, FA_S_PARTIALS, false>(S, Q, Ks, LD, 1.0f);
-        if (!FaPrecision<T>::scale_q()) fa_scale_scores(S, p.scale);
-        // Some row does not see some key of the tile (cut off by the band,
-        // or hidden by the mask) and a key of it holds a NaN or an inf: dS
-        // K would give that row 0 * inf = NaN, so the tile takes the exact
-        // path. A non-finite element of key j makes S[r, j] non-finite for
-        // every row r of the tile (q . k with an inf or NaN term), seen or
-        // not, so the raw scores tell (fa_nonfinite): no test of K itself.
-        const bool exact = (tile == fa_tile_masked || fa_has_mask()) && fa_nonfinite(S);
-        fa_rows_times_tile<HD, BK, FA_DP_PARTIALS, false>(dP, G, Vs, LD, 1.0f);
-        fa_op<typename FaPrecision<T>::dS> dS[BK / 8];
-        FA_UNROLL
-        for (int k8 = 0; k8 < BK / 8; ++k8) {
-            FA_UNROLL
-            for (int i = 0; i < 2; ++i) {
-                const int j = j0 + k8 * 8 + at.col + i;
-                bool seen = tile == fa_tile_full || (j >= row_begin && j < row_end);
-                float s = S[k8].thread_elements()[i], dcap = 1.0f;
-                if (fa_score_mods != 0 && seen)  // the forward's score options, and softcap's slope
-                    s = fa_score_mod(seq, sp, mods, mask, row.t, j, fa_long(j) * sp.mask_j, s,
-                                     dcap);
-                seen = seen && !(fa_has_mask() && s == -INFINITY);  // the mask hides it
-                // dS = 0 where the row does not see the key, by select: dP
-                // holds NaN there when V does, and P = 0 would not cancel it
-                // (nor would P be 0 there for a row whose lse is NaN).
-                dS[k8].thread_elements()[i] = typename FaPrecision<T>::dS(
-                    seen ? fa_prob(s, row_lse) * (dP[k8].thread_elements()[i] - row_delta) * dcap
-                         : 0.0f);
-            }
-        }
-        // dQ += dS K, on this threadgroup's columns.
-        if (exact) {
-            fa_masked_accumulate(dQ, dS, Ks + c0, LD, at, j0, row_begin, row_end,
-                                 FaMaskRow{mods, mask, sp.mask_j, fa_has_mask()});
-            continue;
-        }
-        FA_UNROLL
-        for (int d8 = 0; d8 < DC / 8; ++d8) {
-            FA_UNROLL
-            for (int k8 = 0; k8 < BK / 8; ++k8) {
-                fa_op<T> kf;
-                simdgroup_load(kf, Ks + k8 * 8 * LD + c0 + d8 * 8, ulong(LD), ulong2(0, 0), false);
-                simdgroup_multiply_accumulate(dQ[d8], dS[k8], kf, dQ[d8]);
-            }
-        }
-    }
-
-    if (!row.valid || c0 + at.col >= p.D) return;
-    fa_store_row(dq + fa_row_offset(p.dq.b, p.dq.t, p.dq.h, b, seq.q0, row.t, row.h, fa_is_varlen()), dQ, c0, at.col, p.D,
-                 p.scale);
-}
-
-// The halves of a SIMD-group pair (FA_DKDV_SPLIT) exchange their partial
-// S^T and dP^T: each lane puts its elements in `xs`, and after a barrier
+// The halves of a SIMD-group pair (FA_DQ_SPLIT, FA_DKDV_SPLIT) exchange
+// their partial S and dP (S^T and dP^T in dK/dV): each lane puts its elements in `xs`, and after a barrier
 // adds its partner's -- the same lane of SIMD group sg ^ 1, holding the
 // same elements of the other parity's partial sum (tid ^ 32). part0 +
 // part1 is what fa_rows_times_tile adds in one SIMD group: the same bits.
@@ -236,6 +93,175 @@ FA_INLINE void fa_pair_add(threadgroup const float* xs, thread fa_frag (&a)[N8],
             b[n8].thread_elements()[e] += xs[((N8 + n8) * 2 + e) * FA_THREADS + partner];
         }
     }
+}
+
+// dq for FA_DQ_ROWS(HD) query rows (packed numbering, as the forward) and
+// FA_DQ_DCHUNK(HD) columns (grid.y = Hkv * HD / chunk); K and V staged
+// through threadgroup memory exactly as in the forward. With FA_DQ_SPLIT =
+// 2 a pair of SIMD groups holds 8 rows, each half every other 8-column
+// block of Q, dO and dQ in registers, and the pair adds its partial S and
+// dP (fa_pair_put), as the dK/dV kernel's pairs do.
+template <int HD, class T>
+FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0)]],
+                         device const T* k [[buffer(1)]],
+                         device const T* v [[buffer(2)]],
+                         device const T* dout [[buffer(3)]],
+                         device const float* lse [[buffer(4)]],
+                         device const float* delta [[buffer(5)]],
+                         device T* dq [[buffer(6)]],
+                         constant FlashParams& p [[buffer(7)]],
+                         constant FlashScoreParams& sp [[buffer(8)]],
+                         device const float* alibi [[buffer(9)]],
+                         device const uchar* mask [[buffer(10)]],
+                         device const float* sinks [[buffer(11)]],
+                         device const int* seqs [[buffer(12)]],  // varlen: cu_seqlens_q, cu_seqlens_k
+                         uint3 grid_pos [[threadgroup_position_in_grid]],
+                         uint tid [[thread_index_in_threadgroup]],
+                         uint lane [[thread_index_in_simdgroup]],
+                         uint sg [[simdgroup_index_in_threadgroup]]) {
+    const int BK = FA_DQ_STAGE(HD, T);
+    const int LD = FA_LD(HD, T);
+    FA_TG_ARRAY(T, Ks, FA_DQ_STAGE(HD, T) * FA_LD(HD, T));
+    FA_TG_ARRAY(T, Vs, FA_DQ_STAGE(HD, T) * FA_LD(HD, T));
+    // The pair's partial S and dP: BK / 4 elements of each per lane.
+    FA_TG_ARRAY(float, Xs, FA_DQ_SPLIT(HD, sizeof(T)) > 1 ? FA_DQ_STAGE(HD, T) / 2 * FA_THREADS : 1);
+
+    const int DC = FA_DQ_DCHUNK(HD);
+    const int SPLIT = FA_DQ_SPLIT(HD, sizeof(T));
+    const int ROWS = FA_DQ_ROWS(HD, sizeof(T));
+    static_assert(SPLIT == 1 || (SPLIT == FA_S_PARTIALS && SPLIT == FA_DP_PARTIALS && DC == HD),
+                  "a split half sums one partial of S and dP over the whole head");
+    (void)sinks;  // a sink changes only lse, which the forward gave
+    const uint3 pos = fa_group_position(grid_pos, p);
+    const int hkv = int(pos.y) / (HD / DC);
+    const int c0 = (int(pos.y) % (HD / DC)) * DC;  // this threadgroup's columns of dq
+    const int b = int(pos.z);
+    const int r0 = int(pos.x) * ROWS;
+    const FaLane at = fa_lane(lane);
+    const FaSeq seq = fa_sequence(p, seqs, b, fa_is_varlen());
+    const int Tq = seq.Tq, Tk = seq.Tk;
+    const int cs = c0 + int(sg) % SPLIT * 8;  // the SIMD group's first column
+
+    const FaQueryRow row = fa_query_row(p, Tq, hkv, r0 + int(sg) / SPLIT * 8 + at.row);
+    int row_begin = 0x3fffffff, row_end = 0;
+    float row_lse = INFINITY, row_delta = 0.0f;
+    if (row.valid) {
+        row_begin = int(fa_key_begin(row.t, Tq, Tk, p.window_left));
+        row_end = int(fa_key_end(row.t, Tq, Tk, p.window_right));
+        const fa_long stat = fa_stat_row0(p, seq, b, row.h, fa_is_varlen()) + row.t;
+        if (row_begin < row_end) {
+            row_lse = fa_row_lse(lse[stat]);
+            row_delta = delta[stat];
+        }
+    }
+    int t_lo, t_hi;
+    fa_row_span(p, Tq, r0, ROWS, t_lo, t_hi);
+    // Varlen: a block past this sequence's rows has nothing to do (a
+    // sequence without keys runs on, writing dq = 0).
+    if (fa_is_varlen() && t_lo > t_hi) return;
+    const int group_begin = int(fa_key_begin(t_lo, Tq, Tk, p.window_left));
+    const int group_end = int(fa_key_end(t_hi, Tq, Tk, p.window_right));
+
+    FaRowFragments<HD, FA_DQ_ROWS_IN_REGISTERS(HD, T), T, SPLIT> Q, G;
+    Q.load(row.valid ? q + fa_row_offset(p.q.b, p.q.t, p.q.h, b, seq.q0, row.t, row.h, fa_is_varlen()) : nullptr,
+           cs - c0 + at.col, p.D, p.scale);
+    G.load(row.valid ? dout + fa_row_offset(p.dout.b, p.dout.t, p.dout.h, b, seq.q0, row.t, row.h, fa_is_varlen()) : nullptr,
+           cs - c0 + at.col, p.D, 1.0f);
+
+    // Used only with options. A row past the group's heads (row.valid false)
+    // takes head 0's: its own slope would be read past the end of the array.
+    const FaScoreMods mods =
+        fa_score_mods_of(sp, alibi, b, row.valid ? row.h : 0, fa_long(row.t) * sp.mask_i);
+
+    device const T* k_head = k + fa_row_offset(p.k.b, p.k.t, p.k.h, b, seq.k0, 0, hkv, fa_is_varlen());
+    device const T* v_head = v + fa_row_offset(p.v.b, p.v.t, p.v.h, b, seq.k0, 0, hkv, fa_is_varlen());
+    fa_frag dQ[DC / 8 / SPLIT];
+    FA_UNROLL
+    for (int d8 = 0; d8 < DC / 8 / SPLIT; ++d8) dQ[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
+    for (int j0 = group_begin; j0 < group_end; j0 += BK) {
+        const int n = min(BK, group_end - j0);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        fa_stage<HD, FA_DQ_STAGE(HD, T), FA_THREADS>(Ks, k_head + fa_long(j0) * p.k.t, p.k.t, n, p.D,
+                                                     tid);
+        fa_stage<HD, FA_DQ_STAGE(HD, T), FA_THREADS>(Vs, v_head + fa_long(j0) * p.v.t, p.v.t, n, p.D,
+                                                     tid);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+
+        // (The halves of a pair hold the same rows: they agree on the
+        // tile, and a skipped tile still meets the pair's barrier.)
+        const FaTile tile = fa_classify(row_begin, row_end, j0, BK);
+        bool active = tile != fa_tile_skip;
+        if (SPLIT == 1 && !active) continue;
+        if (fa_has_mask() && active &&
+            fa_mask_hides_tile<BK>(mods, mask, j0, row_begin, row_end, at.col, sp.mask_j)) {
+            if (SPLIT == 1) continue;  // the mask hides this block from the group's rows: no dq from it
+            active = false;
+        }
+
+        // S = Q K^T and dP = dout V^T, then dS = P (dP - delta), rounded
+        // to its operand type (FaPrecision).
+        fa_frag S[BK / 8], dP[BK / 8];
+        if (SPLIT == 1) {
+            fa_rows_times_tile<HD, BK, FA_S_PARTIALS, false>(S, Q, Ks, LD, 1.0f);
+        } else {
+            if (active) {
+                fa_rows_times_tile<HD, BK, 1, false, SPLIT>(S, Q, Ks + cs, LD, 1.0f);
+                fa_rows_times_tile<HD, BK, 1, false, SPLIT>(dP, G, Vs + cs, LD, 1.0f);
+                fa_pair_put(Xs, S, dP, tid);
+            }
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            if (!active) continue;
+            fa_pair_add(Xs, S, dP, tid);
+        }
+        if (!FaPrecision<T>::scale_q()) fa_scale_scores(S, p.scale);
+        // Some row does not see some key of the tile (cut off by the band,
+        // or hidden by the mask) and a key of it holds a NaN or an inf: dS
+        // K would give that row 0 * inf = NaN, so the tile takes the exact
+        // path. A non-finite element of key j makes S[r, j] non-finite for
+        // every row r of the tile (q . k with an inf or NaN term), seen or
+        // not, so the raw scores tell (fa_nonfinite): no test of K itself.
+        const bool exact = (tile == fa_tile_masked || fa_has_mask()) && fa_nonfinite(S);
+        if (SPLIT == 1) fa_rows_times_tile<HD, BK, FA_DP_PARTIALS, false>(dP, G, Vs, LD, 1.0f);
+        fa_op<typename FaPrecision<T>::dS> dS[BK / 8];
+        FA_UNROLL
+        for (int k8 = 0; k8 < BK / 8; ++k8) {
+            FA_UNROLL
+            for (int i = 0; i < 2; ++i) {
+                const int j = j0 + k8 * 8 + at.col + i;
+                bool seen = tile == fa_tile_full || (j >= row_begin && j < row_end);
+                float s = S[k8].thread_elements()[i], dcap = 1.0f;
+                if (fa_score_mods != 0 && seen)  // the forward's score options, and softcap's slope
+                    s = fa_score_mod(seq, sp, mods, mask, row.t, j, fa_long(j) * sp.mask_j, s,
+                                     dcap);
+                seen = seen && !(fa_has_mask() && s == -INFINITY);  // the mask hides it
+                // dS = 0 where the row does not see the key, by select: dP
+                // holds NaN there when V does, and P = 0 would not cancel it
+                // (nor would P be 0 there for a row whose lse is NaN).
+                dS[k8].thread_elements()[i] = typename FaPrecision<T>::dS(
+                    seen ? fa_prob(s, row_lse) * (dP[k8].thread_elements()[i] - row_delta) * dcap
+                         : 0.0f);
+            }
+        }
+        // dQ += dS K, on this threadgroup's columns.
+        if (exact) {
+            fa_masked_accumulate<SPLIT>(dQ, dS, Ks + cs, LD, at, j0, row_begin, row_end,
+                                        FaMaskRow{mods, mask, sp.mask_j, fa_has_mask()});
+            continue;
+        }
+        FA_UNROLL
+        for (int d8 = 0; d8 < DC / 8 / SPLIT; ++d8) {
+            FA_UNROLL
+            for (int k8 = 0; k8 < BK / 8; ++k8) {
+                fa_op<T> kf;
+                simdgroup_load(kf, Ks + k8 * 8 * LD + cs + d8 * 8 * SPLIT, ulong(LD), ulong2(0, 0), false);
+                simdgroup_multiply_accumulate(dQ[d8], dS[k8], kf, dQ[d8]);
+            }
+        }
+    }
+
+    if (!row.valid || cs + at.col >= p.D) return;
+    fa_store_row<SPLIT>(dq + fa_row_offset(p.dq.b, p.dq.t, p.dq.h, b, seq.q0, row.t, row.h, fa_is_varlen()), dQ, cs, at.col, p.D,
+                 p.scale);
 }
 
 // dk and dv for FA_DKDV_KEYS(HD) key rows of one kv head, columns [c0, c0 +

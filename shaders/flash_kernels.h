@@ -66,7 +66,7 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // Apple GPUs have at most 128. Forward: Q (and O always); dQ: Q and dO (and
 // dQ); dK/dV: K and V (and dK, dV).
 #define FA_FWD_Q_IN_REGISTERS(HD, T) ((HD) <= (sizeof(T) == 4 ? 64 : 128))
-#define FA_DQ_ROWS_IN_REGISTERS(HD, T) ((HD) <= 64)
+#define FA_DQ_ROWS_IN_REGISTERS(HD, T) ((HD) <= 64 || FA_DQ_SPLIT(HD, sizeof(T)) > 1)
 // dK/dV: hd32, and the pairs' halves up to hd96 (at hd128 the proxy
 // spilled them: K and V are reloaded there, dK and dV stay).
 #define FA_DKDV_ROWS_IN_REGISTERS(HD, T) ((HD) <= 32 || ((HD) <= 96 && FA_DKDV_SPLIT(HD, sizeof(T)) > 1))
@@ -82,6 +82,11 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // host passes the dtype's size).
 #define FA_DKDV_SPLIT(HD, BYTES) ((HD) >= 96 && (HD) <= 128 ? 2 : (HD) == 64 && (BYTES) == 2 ? 2 : 1)
 #define FA_DKDV_KEYS(HD, BYTES) (FA_BLOCK_ROWS / FA_DKDV_SPLIT(HD, BYTES))
+// The dQ kernel's pairs, the same way: Q, dO and dQ halves in registers
+// where one SIMD group's whole head spilled (hd96, hd128); a threadgroup
+// then owns FA_DQ_ROWS query rows.
+#define FA_DQ_SPLIT(HD, BYTES) ((HD) >= 96 && (HD) <= 128 ? 2 : 1)
+#define FA_DQ_ROWS(HD, BYTES) (FA_BLOCK_ROWS / FA_DQ_SPLIT(HD, BYTES))
 // Accumulators (O; dQ; dK and dV) cover at most a chunk of D columns per
 // threadgroup: the full head where the gate finds that it fits in 128
 // registers, else a launch has HD / chunk threadgroups per row block, each

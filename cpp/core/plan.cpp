@@ -193,7 +193,7 @@ Plan plan_backward(const FlashParams& p, DType dtype) {
         "flash_bwd_dq" + suffix,
         {Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse, Slot::delta, Slot::dq, Slot::params,
          Slot::score, Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs},
-        Dim3{blocks(int64_t(p.group) * plan.params.rows_per_head, FA_BLOCK_ROWS),
+        Dim3{blocks(int64_t(p.group) * plan.params.rows_per_head, FA_DQ_ROWS(bucket, int(dtype_size(dtype)))),
              uint32_t(p.Hkv) * uint32_t(bucket / FA_DQ_DCHUNK(bucket)), uint32_t(p.B)},
         kTiled,
         head_constants(p, bucket, dtype),

@@ -200,7 +200,9 @@ int main() {
         CHECK((dq.buffers == std::vector<Slot>{Slot::q, Slot::k, Slot::v, Slot::dout, Slot::lse,
                                                Slot::delta, Slot::dq, Slot::params, Slot::score,
                                                Slot::alibi, Slot::mask, Slot::sinks, Slot::seqs}));
-        CHECK(same(dq.grid, 2 * 5, 3, 2));  // 2 heads per kv head x 5 blocks of 32 rows
+        // SIMD-group pairs (FA_DQ_SPLIT): 2 heads per kv head x 10 blocks of 16 rows.
+        CHECK(FA_DQ_SPLIT(128, 4) == 2 && FA_DQ_ROWS(128, 4) == 16);
+        CHECK(same(dq.grid, 2 * 10, 3, 2));
         CHECK(same(dq.threadgroup, FA_THREADS, 1, 1));
         const Launch& dkdv = plan.launches[2];
         CHECK(dkdv.kernel == "flash_bwd_dkdv_f32_hd128");
