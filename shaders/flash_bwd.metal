@@ -24,7 +24,8 @@
 #include "flash_device.h"
 
 // delta[b, h, i] = sum_d dout[b, i, h, d] * o[b, i, h, d]. One thread per
-// row; O(T D) work, negligible next to the O(T^2 D) kernels. Summed as the
+// row, reading 16-byte vectors; O(T D) work, negligible next to the O(T^2
+// D) kernels. Summed as the
 // kernels' matrix products sum dP = dO V^T: FA_DP_PARTIALS chains, chain s
 // taking the 8-column blocks d / 8 = s (mod FA_DP_PARTIALS) in order, added
 // at the end, so that a saturated row's dP - delta is exactly 0.
@@ -46,13 +47,24 @@ kernel void flash_bwd_preprocess(device const T* dout [[buffer(0)]],
     if (i >= seq.Tq) return;
     const fa_long go = fa_row_offset(p.dout.b, p.dout.t, p.dout.h, b, seq.q0, i, h, varlen);
     const fa_long oo = fa_row_offset(p.o.b, p.o.t, p.o.h, b, seq.q0, i, h, varlen);
+    // 16 bytes of each row at a time (fa_load16; a vector never crosses an
+    // 8-column block), element by element past the last whole vector.
+    const int V = FA_VEC16(T);
     float sum = 0.0f;
     FA_UNROLL
     for (int s = 0; s < FA_DP_PARTIALS; ++s) {
         float part = 0.0f;
-        for (int d0 = 8 * s; d0 < p.D; d0 += 8 * FA_DP_PARTIALS)
-            for (int d = d0; d < min(d0 + 8, p.D); ++d)
-                part = fma(float(dout[go + d]), float(o[oo + d]), part);
+        for (int d0 = 8 * s; d0 < p.D; d0 += 8 * FA_DP_PARTIALS) {
+            for (int c = d0; c < min(d0 + 8, p.D); c += V) {
+                if (c + V <= p.D) {
+                    const FaVec16<T> x = fa_load16(dout + go + c), y = fa_load16(o + oo + c);
+                    FA_UNROLL
+                    for (int e = 0; e < V; ++e) part = fma(float(x.e[e]), float(y.e[e]), part);
+                } else {
+                    for (int d = c; d < p.D; ++d) part = fma(float(dout[go + d]), float(o[oo + d]), part);
+                }
+            }
+        }
         sum = s == 0 ? part : sum + part;
     }
     delta[fa_stat_row0(p, seq, b, h, varlen) + i] = sum;

@@ -213,6 +213,18 @@ FA_ALWAYS_INLINE void fa_copy16(threadgroup T* dst, device const T* src) {
     for (int i = 0; i < FA_VEC16(T); ++i) dst[i] = src[i];
 #endif
 }
+// The 16 bytes at src, as one load on the GPU (aligned as T: any element
+// will do).
+template <class T>
+FA_ALWAYS_INLINE FaVec16<T> fa_load16(device const T* src) {
+#ifdef __METAL_VERSION__
+    return *reinterpret_cast<device const FaVec16<T>*>(src);
+#else
+    FaVec16<T> x;
+    for (int i = 0; i < FA_VEC16(T); ++i) x.e[i] = src[i];
+    return x;
+#endif
+}
 template <class T>
 FA_ALWAYS_INLINE void fa_zero16(threadgroup T* dst) {
 #ifdef __METAL_VERSION__
