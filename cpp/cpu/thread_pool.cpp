@@ -56,8 +56,11 @@ thread_local CurrentTask t_current;
 struct Job {
     const std::function<void(int64_t)>* task = nullptr;
     int64_t n = 0;
-    std::atomic<int64_t> next{0};
-    std::atomic<int64_t> done{0};
+    // Claims and completions on lines of their own: the threads that start
+    // tasks do not slow the ones that finish theirs.
+    alignas(64) std::atomic<int64_t> next{0};
+    alignas(64) std::atomic<int64_t> done{0};
+    bool exhausted() const { return next.load(std::memory_order_relaxed) >= n; }
     // Set when the call is interrupted: the tasks not yet started are skipped.
     std::atomic<bool> cancelled{false};
     bool profile = false;  // time each task (profiling())
@@ -113,6 +116,9 @@ struct Job {
         return i == n;
     }
 };
+
+// The most workers a pool ever had (their hazard slots, Pool::watch).
+constexpr int kMaxWorkers = kMaxThreads - 1;
 
 // How long an idle worker watches for new work before it sleeps.
 constexpr auto kSpin = std::chrono::microseconds(100);
@@ -173,7 +179,7 @@ public:
 
     void run(int64_t n, const std::function<void(int64_t)>& task) {
         if (n <= 0) return;
-        auto job = std::make_shared<Job>();
+        const auto job = std::make_shared<Job>();
         job->task = &task;
         job->n = n;
         job->profile = profiling();
@@ -182,14 +188,13 @@ public:
             std::lock_guard<std::mutex> lk(m_);
             queue_.push_back(job);
             if (queue_.size() == 1) publish_front();
-            queued_.fetch_add(1, std::memory_order_release);
             wake_.notify_all();
         }
         // The thread whose claim first finds the job exhausted takes it off
         // the queue: until then idle workers keep finding it at the front
         // and spin on it, and a poll below that resizes the pool (a signal
         // handler calling set_num_threads) would wait forever to join them.
-        if (job->work(true)) retire(job);
+        if (job->work(true)) retire(job.get());
         // The workers' last tasks are usually short: watch for them a moment
         // before sleeping on the condition variable (a wake-up costs more).
         const auto until = std::chrono::steady_clock::now() + kSpin;
@@ -204,7 +209,12 @@ public:
             }
             job->check(true);  // without the lock: the poll may call in again
         }
-        retire(job);
+        retire(job.get());
+        // A worker watching the queue may still hold the job's address (its
+        // hazard slot): the job lives until none does.
+        const int slots = hazard_slots_.load(std::memory_order_acquire);
+        for (int w = 0; w < slots; ++w)
+            while (hazards_[w].job.load(std::memory_order_seq_cst) == job.get()) cpu_relax();
         if (job->profile) {
             const double wall = 1e-9 * double(now_ns() - start);
             std::lock_guard<std::mutex> lk(g_profile_m);
@@ -223,7 +233,11 @@ private:
             stopping_ = false;
         }
         try {
-            for (int t = 1; t < threads; ++t) workers_.emplace_back([this] { loop(); });
+            for (int t = 1; t < threads; ++t) {
+                const int w = t - 1;
+                if (hazard_slots_.load() < t) hazard_slots_.store(t, std::memory_order_release);
+                workers_.emplace_back([this, w] { loop(hazards_[w]); });
+            }
         } catch (const std::exception& e) {
             const size_t started = workers_.size();
             stop();
@@ -248,46 +262,68 @@ private:
     // Takes the job off the queue (if it is still there): by its submitter
     // once done, and by the thread that found it exhausted, so that idle
     // workers stop taking it and sleep again.
-    void retire(const std::shared_ptr<Job>& job) {
+    void retire(const Job* job) {
         std::unique_lock<std::mutex> lk(m_, std::defer_lock);
         lock_spinning(lk);
         for (auto it = queue_.begin(); it != queue_.end(); ++it)
-            if (*it == job) {
+            if (it->get() == job) {
                 const bool front = it == queue_.begin();
                 queue_.erase(it);
                 if (front) publish_front();
-                queued_.fetch_sub(1, std::memory_order_relaxed);
                 break;
             }
     }
 
-    void loop() {
+    // A worker's slot: the job it reads through front_ while watching the
+    // queue (a hazard pointer: its submitter waits until no slot holds it).
+    struct alignas(64) Hazard {
+        std::atomic<Job*> job{nullptr};
+    };
+
+    void loop(Hazard& hazard) {
         for (;;) {
-            std::shared_ptr<Job> job = wait_for_job();
+            if (Job* job = watch(hazard)) {
+                if (job->work(false)) retire(job);
+                hazard.job.store(nullptr, std::memory_order_release);
+                continue;
+            }
+            const std::shared_ptr<Job> job = sleep_for_job();
             if (!job) return;  // stopping
-            if (job->work(false)) retire(job);
+            if (job->work(false)) retire(job.get());
         }
     }
 
-    // The job at the queue's front, or null once the pool stops. A worker
-    // that ran out of work watches the queue for a moment before it sleeps:
-    // calls come in bursts (a training step is a forward, then a backward,
-    // per layer), and a sleeping worker takes a futex wake-up and a
+    // A worker that ran out of work watches the queue for a moment before it
+    // sleeps: calls come in bursts (a training step is a forward, then a
+    // backward, per layer), and a sleeping worker takes a futex wake-up and a
     // reschedule, tens of microseconds on a shared machine (more where a
     // virtual CPU halts), to join the next one; a small call lasts not much
-    // longer. While watching it never sleeps on a lock either: it reads the
-    // front job through front_ (a spinlock held for one pointer copy), so a
-    // call's workers all start within a microsecond or two of it, where
-    // taking m_ one after another put most of them to sleep on it (16
-    // threads: 18.5 us beyond a 20 us task, issue 36).
-    std::shared_ptr<Job> wait_for_job() {
+    // longer. Watching takes no lock and no reference count: the front job's
+    // address is read from front_ and held in the worker's hazard slot, so a
+    // call's workers start within a microsecond or two of it. (Taking m_ one
+    // after another put most of them to sleep on it: 16 threads, 18.5 us
+    // beyond a 20 us task, issue 36; a spinlock around a shared_ptr copy
+    // still queued them one by one.) The job, or null after kSpin.
+    Job* watch(Hazard& hazard) {
         const auto until = std::chrono::steady_clock::now() + kSpin;
         for (;;) {
-            if (queued_.load(std::memory_order_acquire) > 0)
-                if (std::shared_ptr<Job> job = front()) return job;
-            if (std::chrono::steady_clock::now() >= until) break;
+            if (Job* job = front_.load(std::memory_order_acquire)) {
+                hazard.job.store(job, std::memory_order_seq_cst);
+                // Still the front after the slot was set: its submitter, which
+                // takes it off the queue before it reads the slots, waits, so
+                // the job may be read from here on. (A front whose tasks are
+                // all claimed is left to the threads running them.)
+                if (front_.load(std::memory_order_seq_cst) == job && !job->exhausted()) return job;
+                hazard.job.store(nullptr, std::memory_order_release);
+            }
+            if (std::chrono::steady_clock::now() >= until) return nullptr;
             cpu_relax();
         }
+    }
+
+    // The queue's front job, sleeping on wake_ until there is one; null once
+    // the pool stops.
+    std::shared_ptr<Job> sleep_for_job() {
         std::unique_lock<std::mutex> lk(m_);
         wake_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
         if (stopping_) return nullptr;
@@ -302,29 +338,18 @@ private:
 
     // front_ = the queue's front job (or null); m_ is held.
     void publish_front() {
-        std::shared_ptr<Job> job = queue_.empty() ? nullptr : queue_.front();
-        while (front_lock_.exchange(true, std::memory_order_acquire)) cpu_relax();
-        front_.swap(job);
-        front_lock_.store(false, std::memory_order_release);
-    }  // (the old front is released here, outside the spinlock)
-
-    std::shared_ptr<Job> front() {
-        for (;;) {
-            while (front_lock_.load(std::memory_order_relaxed)) cpu_relax();
-            if (!front_lock_.exchange(true, std::memory_order_acquire)) break;
-        }
-        std::shared_ptr<Job> job = front_;
-        front_lock_.store(false, std::memory_order_release);
-        return job;
+        front_.store(queue_.empty() ? nullptr : queue_.front().get(), std::memory_order_seq_cst);
     }
 
     std::mutex resize_m_;
     std::mutex m_;
     std::condition_variable wake_;
     std::deque<std::shared_ptr<Job>> queue_;
-    std::atomic<int> queued_{0};  // queue_.size(), for the spinning workers (no lock)
-    std::shared_ptr<Job> front_;  // queue_.front(), for the spinning workers
-    std::atomic<bool> front_lock_{false};
+    std::atomic<Job*> front_{nullptr};  // queue_.front(), for the watching workers
+    // One per worker ever started (workers are joined before a resize
+    // reuses a slot); callers read the first hazard_slots_.
+    std::unique_ptr<Hazard[]> hazards_{new Hazard[kMaxWorkers]};
+    std::atomic<int> hazard_slots_{0};
     std::vector<std::thread> workers_;
     bool stopping_ = false;
     std::atomic<int> threads_{1};
