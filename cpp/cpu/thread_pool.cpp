@@ -184,17 +184,18 @@ public:
         job->n = n;
         job->profile = profiling();
         const int64_t start = job->profile ? now_ns() : 0;
-        if (n > 1 && threads_.load() > 1) {
+        const bool queued = n > 1 && threads_.load() > 1;
+        if (queued) {
             std::lock_guard<std::mutex> lk(m_);
             queue_.push_back(job);
             if (queue_.size() == 1) publish_front();
             wake_.notify_all();
         }
         // The thread whose claim first finds the job exhausted takes it off
-        // the queue: until then idle workers keep finding it at the front
-        // and spin on it, and a poll below that resizes the pool (a signal
+        // the queue: until then idle workers keep coming back to it at the
+        // front, and a poll below that resizes the pool (a signal
         // handler calling set_num_threads) would wait forever to join them.
-        if (job->work(true)) retire(job.get());
+        if (job->work(true) && queued) retire(job.get());
         // The workers' last tasks are usually short: watch for them a moment
         // before sleeping on the condition variable (a wake-up costs more).
         const auto until = std::chrono::steady_clock::now() + kSpin;
@@ -209,10 +210,12 @@ public:
             }
             job->check(true);  // without the lock: the poll may call in again
         }
-        retire(job.get());
+        if (queued) retire(job.get());
         // A worker watching the queue may still hold the job's address (its
-        // hazard slot): the job lives until none does.
-        const int slots = hazard_slots_.load(std::memory_order_acquire);
+        // hazard slot): the job lives until none does. (A job never queued
+        // was never in a slot, nor on the queue: a one-task call takes no
+        // lock and reads no slot.)
+        const int slots = queued ? hazard_slots_.load(std::memory_order_acquire) : 0;
         for (int w = 0; w < slots; ++w)
             while (hazards_[w].job.load(std::memory_order_seq_cst) == job.get()) cpu_relax();
         if (job->profile) {
