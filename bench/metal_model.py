@@ -265,16 +265,16 @@ def before(kind: str, HD: int, dtype: str) -> Kernel:
 # stages 16 keys at float32 hd64; the float32 forward reloads Q from hd96);
 # the backward's non-finite check is a per-tile select on the raw scores
 # (no second pass, no vote: no extra barrier); dK/dV in SIMD-group pairs
-# (FA_DKDV_SPLIT: hd64 16-bit, hd96, hd128), each half of D, 8 queries a
-# step, adding their partial S^T and dP^T through threadgroup memory (one
-# more barrier a step): no column chunks at hd128, K and V in registers up
-# to hd96; dQ in pairs at hd96 and hd128 (FA_DQ_SPLIT), Q and dO in
+# (FA_DKDV_SPLIT: hd64 16-bit, hd96, hd128), each half of D, 8 queries a step, adding
+# their partial S^T and dP^T through threadgroup memory (one more barrier a
+# step): no column chunks at hd128, K and V in registers but float32's at
+# hd128; dQ in pairs at hd96 and hd128 (FA_DQ_SPLIT), Q and dO in
 # registers. Registers: the gate's table of the pairs' commit (docs/gpu-gate.md),
 # the highest over the constant sets.
 AFTER_REGISTERS = {
     ("fwd", 64): (116, 96, 98), ("fwd", 128): (122, 128, 128),
     ("dq", 64): (117, 117, 117), ("dq", 128): (128, 103, 104),
-    ("dkdv", 64): (126, 126, 127), ("dkdv", 128): (126, 128, 128),
+    ("dkdv", 64): (117, 117, 115), ("dkdv", 128): (124, 128, 128),
 }
 
 
@@ -290,8 +290,8 @@ def after(kind: str, HD: int, dtype: str) -> Kernel:
         k = dataclasses.replace(k, split=2, resident=True)
     elif kind == "dkdv" and (96 <= HD <= 128 or (HD == 64 and not f32)):
         # SIMD-group pairs, each half of D, 8 queries a step (FA_DKDV_SPLIT):
-        # no column chunks; K and V in registers up to hd96, reloaded at hd128
-        k = dataclasses.replace(k, split=2, block=8, chunk=HD, resident=HD <= 96)
+        # no column chunks; K and V in registers, but float32's at hd128
+        k = dataclasses.replace(k, split=2, block=8, chunk=HD, resident=HD <= 96 or not f32)
     return dataclasses.replace(k, frag16=not f32, copy16=True, s_partials=2,
                                p_half=not f32, pad=16 // elem_bytes(dtype),
                                registers=AFTER_REGISTERS[(kind, HD)][DTYPES.index(dtype)])

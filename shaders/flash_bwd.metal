@@ -279,7 +279,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0
 // dk and dv for FA_DKDV_KEYS(HD) key rows of one kv head, columns [c0, c0 +
 // FA_DKDV_DCHUNK(HD)) of D (grid.y = Hkv * HD / FA_DKDV_DCHUNK(HD)), summed
 // over the query heads of the group and the query rows that see each key.
-// With FA_DKDV_SPLIT = 2 (hd96, hd128; 16-bit hd64) a pair of SIMD groups
+// With FA_DKDV_SPLIT = 2 (hd64 to hd128) a pair of SIMD groups
 // holds 8 keys, each half every other 8-column block of K, V, dK and dV in
 // registers; the pair adds its partial S^T and dP^T (fa_pair_put).
 // Q blocks (scaled by `scale`, as the forward scales Q, so S^T holds the
@@ -358,112 +358,118 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
         dK[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
         dV[d8] = make_filled_simdgroup_matrix<float, 8, 8>(0.0f);
     }
-    for (int g = 0; g < p.group; ++g) {
+    // One loop over the (query head g of the group, query block i0) pairs,
+    // i0 running fastest: what depends on the head is recomputed per step,
+    // not hoisted out of an inner loop over i0 and kept live across it
+    // (nested, the loops spilled the gate's proxy with K and V resident at
+    // 16-bit hd128 and float32 hd64: a per-lane 64-bit mask offset, kept
+    // for the next head).
+    const bool any_queries = group_begin < group_end;
+    for (int g = 0, i0 = group_begin; any_queries && g < p.group;
+         i0 = i0 + BQ < group_end ? i0 + BQ : group_begin, g += int(i0 == group_begin)) {
         const int h = hkv * p.group + g;
         const fa_long stat0 = fa_stat_row0(p, seq, b, h, fa_is_varlen());
         device const T* q_head = q + fa_row_offset(p.q.b, p.q.t, p.q.h, b, seq.q0, 0, h, fa_is_varlen());
         device const T* g_head = dout + fa_row_offset(p.dout.b, p.dout.t, p.dout.h, b, seq.q0, 0, h, fa_is_varlen());
-        for (int i0 = group_begin; i0 < group_end; i0 += BQ) {
-            const int n = min(BQ, group_end - i0);
-            threadgroup_barrier(mem_flags::mem_threadgroup);
-            fa_stage<HD, FA_DKDV_STAGE(HD, T), FA_THREADS>(Qs, q_head + fa_long(i0) * p.q.t, p.q.t, n,
-                                                           p.D, tid);
-            fa_stage<HD, FA_DKDV_STAGE(HD, T), FA_THREADS>(Gs, g_head + fa_long(i0) * p.dout.t,
-                                                           p.dout.t, n, p.D, tid);
-            for (int r = int(tid); r < BQ; r += FA_THREADS) {
-                Ls[r] = r < n ? fa_row_lse(lse[stat0 + i0 + r]) : INFINITY;
-                Ds[r] = r < n ? delta[stat0 + i0 + r] : 0.0f;
-            }
-            threadgroup_barrier(mem_flags::mem_threadgroup);
+        const int n = min(BQ, group_end - i0);
+        threadgroup_barrier(mem_flags::mem_threadgroup);
+        fa_stage<HD, FA_DKDV_STAGE(HD, T), FA_THREADS>(Qs, q_head + fa_long(i0) * p.q.t, p.q.t, n,
+                                                       p.D, tid);
+        fa_stage<HD, FA_DKDV_STAGE(HD, T), FA_THREADS>(Gs, g_head + fa_long(i0) * p.dout.t,
+                                                       p.dout.t, n, p.D, tid);
+        for (int r = int(tid); r < BQ; r += FA_THREADS) {
+            Ls[r] = r < n ? fa_row_lse(lse[stat0 + i0 + r]) : INFINITY;
+            Ds[r] = r < n ? delta[stat0 + i0 + r] : 0.0f;
+        }
+        threadgroup_barrier(mem_flags::mem_threadgroup);
 
-            // (The halves of a pair hold the same keys: they agree on the
-            // tile, and a skipped tile still meets the pair's barrier.)
-            const FaTile tile = fa_classify(col_begin, col_end, i0, BQ);
-            bool active = tile != fa_tile_skip;
-            if (SPLIT == 1 && !active) continue;
-            // (hd32 has no registers to spare for the score options:
-            // plan_backward sends calls with them to the hd64 kernel.)
-            const FaScoreMods mods = HD >= 64 ? fa_score_mods_of(sp, alibi, b, h, fa_long(j) * sp.mask_j)
-                                              : FaScoreMods{0.0f, 0};
-            if (HD >= 64 && fa_has_mask() && active &&
-                fa_mask_hides_tile<BQ>(mods, mask, i0, col_begin, col_end, at.col, sp.mask_i)) {
-                if (SPLIT == 1) continue;  // the mask hides these queries from the group's keys
-                active = false;
-            }
+        // (The halves of a pair hold the same keys: they agree on the
+        // tile, and a skipped tile still meets the pair's barrier.)
+        const FaTile tile = fa_classify(col_begin, col_end, i0, BQ);
+        bool active = tile != fa_tile_skip;
+        if (SPLIT == 1 && !active) continue;
+        // (hd32 has no registers to spare for the score options:
+        // plan_backward sends calls with them to the hd64 kernel.)
+        const FaScoreMods mods = HD >= 64 ? fa_score_mods_of(sp, alibi, b, h, fa_long(j) * sp.mask_j)
+                                          : FaScoreMods{0.0f, 0};
+        if (HD >= 64 && fa_has_mask() && active &&
+            fa_mask_hides_tile<BQ>(mods, mask, i0, col_begin, col_end, at.col, sp.mask_i)) {
+            if (SPLIT == 1) continue;  // the mask hides these queries from the group's keys
+            active = false;
+        }
 
-            // S^T = K (scale q)^T (float32: the scale multiplies each q
-            // element before the product, as the forward's; 16-bit: the
-            // product, as the forward's) and dP^T = V dout^T, then P^T and
-            // dS^T, rounded to their operand types (FaPrecision). S^T holds
-            // the forward's scores bit for bit.
-            fa_frag St[BQ / 8], dPt[BQ / 8];
-            if (SPLIT == 1) {
-                fa_rows_times_tile<HD, BQ, FA_S_PARTIALS, FaPrecision<T>::scale_q()>(St, K, Qs, LD,
-                                                                                     p.scale);
-                fa_rows_times_tile<HD, BQ, FA_DP_PARTIALS, false>(dPt, V, Gs, LD, 1.0f);
-            } else {
-                if (active) {
-                    fa_rows_times_tile<HD, BQ, 1, FaPrecision<T>::scale_q(), SPLIT>(St, K, Qs + cs, LD,
-                                                                                    p.scale);
-                    fa_rows_times_tile<HD, BQ, 1, false, SPLIT>(dPt, V, Gs + cs, LD, 1.0f);
-                    fa_pair_put(Xs, St, dPt, tid);
-                }
-                threadgroup_barrier(mem_flags::mem_threadgroup);
-                if (!active) continue;
-                fa_pair_add(Xs, St, dPt, tid);
+        // S^T = K (scale q)^T (float32: the scale multiplies each q
+        // element before the product, as the forward's; 16-bit: the
+        // product, as the forward's) and dP^T = V dout^T, then P^T and
+        // dS^T, rounded to their operand types (FaPrecision). S^T holds
+        // the forward's scores bit for bit.
+        fa_frag St[BQ / 8], dPt[BQ / 8];
+        if (SPLIT == 1) {
+            fa_rows_times_tile<HD, BQ, FA_S_PARTIALS, FaPrecision<T>::scale_q()>(St, K, Qs, LD,
+                                                                                 p.scale);
+            fa_rows_times_tile<HD, BQ, FA_DP_PARTIALS, false>(dPt, V, Gs, LD, 1.0f);
+        } else {
+            if (active) {
+                fa_rows_times_tile<HD, BQ, 1, FaPrecision<T>::scale_q(), SPLIT>(St, K, Qs + cs, LD,
+                                                                                p.scale);
+                fa_rows_times_tile<HD, BQ, 1, false, SPLIT>(dPt, V, Gs + cs, LD, 1.0f);
+                fa_pair_put(Xs, St, dPt, tid);
             }
-            if (!FaPrecision<T>::scale_q()) fa_scale_scores(St, p.scale);
-            // Some query does not see some key of the tile (cut off by the
-            // band, or hidden by the mask) and a query of it holds a NaN or
-            // an inf in q or dout: P^T dout and dS^T q would give that key
-            // 0 * inf = NaN, so the tile takes the exact path. A non-finite
-            // element of q_i (of dout_i) makes S^T[j, i] (dP^T[j, i])
-            // non-finite for every key j of the tile, so the raw products
-            // tell (fa_nonfinite): no test of the staged rows themselves.
-            const bool exact = (tile == fa_tile_masked || (HD >= 64 && fa_has_mask())) &&
-                               (fa_nonfinite(St) || fa_nonfinite(dPt));
-            fa_op<typename FaPrecision<T>::P> Pt[BQ / 8];
-            fa_op<typename FaPrecision<T>::dS> dSt[BQ / 8];
+            threadgroup_barrier(mem_flags::mem_threadgroup);
+            if (!active) continue;
+            fa_pair_add(Xs, St, dPt, tid);
+        }
+        if (!FaPrecision<T>::scale_q()) fa_scale_scores(St, p.scale);
+        // Some query does not see some key of the tile (cut off by the
+        // band, or hidden by the mask) and a query of it holds a NaN or
+        // an inf in q or dout: P^T dout and dS^T q would give that key
+        // 0 * inf = NaN, so the tile takes the exact path. A non-finite
+        // element of q_i (of dout_i) makes S^T[j, i] (dP^T[j, i])
+        // non-finite for every key j of the tile, so the raw products
+        // tell (fa_nonfinite): no test of the staged rows themselves.
+        const bool exact = (tile == fa_tile_masked || (HD >= 64 && fa_has_mask())) &&
+                           (fa_nonfinite(St) || fa_nonfinite(dPt));
+        fa_op<typename FaPrecision<T>::P> Pt[BQ / 8];
+        fa_op<typename FaPrecision<T>::dS> dSt[BQ / 8];
+        FA_UNROLL
+        for (int i8 = 0; i8 < BQ / 8; ++i8) {
+            FA_UNROLL
+            for (int e = 0; e < 2; ++e) {
+                const int ci = i8 * 8 + at.col + e;  // query i0 + ci
+                bool seen = tile == fa_tile_full ||
+                            (i0 + ci >= col_begin && i0 + ci < col_end);
+                float s = St[i8].thread_elements()[e], dcap = 1.0f;
+                if (HD >= 64 && fa_score_mods != 0 && seen)
+                    s = fa_score_mod(seq, sp, mods, mask, i0 + ci, j,
+                                     fa_long(i0 + ci) * sp.mask_i, s, dcap);
+                seen = seen && !(HD >= 64 && fa_has_mask() && s == -INFINITY);  // hidden
+                // (P = 0 there even for a query whose lse is NaN.)
+                const float prob = seen ? fa_prob(s, Ls[ci]) : 0.0f;
+                Pt[i8].thread_elements()[e] = typename FaPrecision<T>::P(prob);
+                // dS^T = 0 where the query does not see the key, by
+                // select: dP^T holds NaN there when dout does.
+                dSt[i8].thread_elements()[e] = typename FaPrecision<T>::dS(
+                    seen ? prob * (dPt[i8].thread_elements()[e] - Ds[ci]) * dcap : 0.0f);
+            }
+        }
+        // dV += P^T dout and dK += dS^T q (scaled once, as stored), on
+        // this threadgroup's columns.
+        if (exact) {
+            const FaMaskRow hidden{mods, mask, sp.mask_i, HD >= 64 && fa_has_mask()};
+            fa_masked_accumulate<SPLIT>(dV, Pt, Gs + cs, LD, at, i0, col_begin, col_end, hidden);
+            fa_masked_accumulate<SPLIT>(dK, dSt, Qs + cs, LD, at, i0, col_begin, col_end, hidden);
+            continue;
+        }
+        FA_UNROLL
+        for (int d8 = 0; d8 < DC / 8 / SPLIT; ++d8) {
             FA_UNROLL
             for (int i8 = 0; i8 < BQ / 8; ++i8) {
-                FA_UNROLL
-                for (int e = 0; e < 2; ++e) {
-                    const int ci = i8 * 8 + at.col + e;  // query i0 + ci
-                    bool seen = tile == fa_tile_full ||
-                                (i0 + ci >= col_begin && i0 + ci < col_end);
-                    float s = St[i8].thread_elements()[e], dcap = 1.0f;
-                    if (HD >= 64 && fa_score_mods != 0 && seen)
-                        s = fa_score_mod(seq, sp, mods, mask, i0 + ci, j,
-                                         fa_long(i0 + ci) * sp.mask_i, s, dcap);
-                    seen = seen && !(HD >= 64 && fa_has_mask() && s == -INFINITY);  // hidden
-                    // (P = 0 there even for a query whose lse is NaN.)
-                    const float prob = seen ? fa_prob(s, Ls[ci]) : 0.0f;
-                    Pt[i8].thread_elements()[e] = typename FaPrecision<T>::P(prob);
-                    // dS^T = 0 where the query does not see the key, by
-                    // select: dP^T holds NaN there when dout does.
-                    dSt[i8].thread_elements()[e] = typename FaPrecision<T>::dS(
-                        seen ? prob * (dPt[i8].thread_elements()[e] - Ds[ci]) * dcap : 0.0f);
-                }
-            }
-            // dV += P^T dout and dK += dS^T q (scaled once, as stored), on
-            // this threadgroup's columns.
-            if (exact) {
-                const FaMaskRow hidden{mods, mask, sp.mask_i, HD >= 64 && fa_has_mask()};
-                fa_masked_accumulate<SPLIT>(dV, Pt, Gs + cs, LD, at, i0, col_begin, col_end, hidden);
-                fa_masked_accumulate<SPLIT>(dK, dSt, Qs + cs, LD, at, i0, col_begin, col_end, hidden);
-                continue;
-            }
-            FA_UNROLL
-            for (int d8 = 0; d8 < DC / 8 / SPLIT; ++d8) {
-                FA_UNROLL
-                for (int i8 = 0; i8 < BQ / 8; ++i8) {
-                    fa_op<T> gf, qf;
-                    const int c = cs + d8 * 8 * SPLIT;
-                    simdgroup_load(gf, Gs + i8 * 8 * LD + c, ulong(LD), ulong2(0, 0), false);
-                    simdgroup_load(qf, Qs + i8 * 8 * LD + c, ulong(LD), ulong2(0, 0), false);
-                    simdgroup_multiply_accumulate(dV[d8], Pt[i8], gf, dV[d8]);
-                    simdgroup_multiply_accumulate(dK[d8], dSt[i8], qf, dK[d8]);
-                }
+                fa_op<T> gf, qf;
+                const int c = cs + d8 * 8 * SPLIT;
+                simdgroup_load(gf, Gs + i8 * 8 * LD + c, ulong(LD), ulong2(0, 0), false);
+                simdgroup_load(qf, Qs + i8 * 8 * LD + c, ulong(LD), ulong2(0, 0), false);
+                simdgroup_multiply_accumulate(dV[d8], Pt[i8], gf, dV[d8]);
+                simdgroup_multiply_accumulate(dK[d8], dSt[i8], qf, dK[d8]);
             }
         }
     }

@@ -67,13 +67,15 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // dQ); dK/dV: K and V (and dK, dV).
 #define FA_FWD_Q_IN_REGISTERS(HD, T) ((HD) <= (sizeof(T) == 4 ? 64 : 128))
 #define FA_DQ_ROWS_IN_REGISTERS(HD, T) ((HD) <= 64 || FA_DQ_SPLIT(HD, sizeof(T)) > 1)
-// dK/dV: hd32, and the pairs' halves up to hd96 (at hd128 the proxy
-// spilled them: K and V are reloaded there, dK and dV stay).
-#define FA_DKDV_ROWS_IN_REGISTERS(HD, T) ((HD) <= 32 || ((HD) <= 96 && FA_DKDV_SPLIT(HD, sizeof(T)) > 1))
+// dK/dV: hd32, and the pairs' halves (hd64 to hd128) but float32's at
+// hd128 (K, V, dK and dV halves take 64 of the 128 registers there, and the
+// proxy spilled one more: K and V are reloaded, dK and dV stay).
+#define FA_DKDV_ROWS_IN_REGISTERS(HD, T) \
+    ((HD) <= 32 || (FA_DKDV_SPLIT(HD, sizeof(T)) > 1 && ((HD) <= 96 || sizeof(T) == 2)))
 // The dK/dV kernel's key rows may be shared by a pair of SIMD groups, each
 // owning every other 8-column block of D (d8 % 2 == its half) of K, V, dK
 // and dV: half a head's fragments each, so K, V and the accumulators stay in
-// registers (up to hd96; dK and dV at hd128), where one SIMD group's
+// registers (K and V but float32's at hd128), where one SIMD group's
 // whole head would not fit the gate's 128 (docs/metal.md). Each half sums its blocks' share of S^T
 // and dP^T -- exactly the forward's partial sum of that parity
 // (FA_S_PARTIALS, FA_DP_PARTIALS) -- and the pair adds the two through
