@@ -67,9 +67,10 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // dQ); dK/dV: K and V (and dK, dV).
 #define FA_FWD_Q_IN_REGISTERS(HD, T) ((HD) <= (sizeof(T) == 4 ? 64 : 128))
 #define FA_DQ_ROWS_IN_REGISTERS(HD, T) ((HD) <= 64 || FA_DQ_SPLIT(HD, sizeof(T)) > 1)
-// dK/dV: hd32, and the pairs' halves (hd64 to hd128) but float32's at
-// hd128 (K, V, dK and dV halves take 64 of the 128 registers there, and the
-// proxy spilled one more: K and V are reloaded, dK and dV stay).
+// dK/dV: hd32, and the pairs' halves (16-bit hd64, hd96, hd128) but
+// float32's at hd128 (K, V, dK and dV halves take 64 of the 128 registers
+// there, and the proxy spilled one more: K and V are reloaded, dK and dV
+// stay).
 #define FA_DKDV_ROWS_IN_REGISTERS(HD, T) \
     ((HD) <= 32 || (FA_DKDV_SPLIT(HD, sizeof(T)) > 1 && ((HD) <= 96 || sizeof(T) == 2)))
 // The dK/dV kernel's key rows may be shared by a pair of SIMD groups, each
