@@ -265,16 +265,16 @@ def before(kind: str, HD: int, dtype: str) -> Kernel:
 # stages 16 keys at float32 hd64; the float32 forward reloads Q from hd96);
 # the backward's non-finite check is a per-tile select on the raw scores
 # (no second pass, no vote: no extra barrier); dK/dV in SIMD-group pairs
-# (FA_DKDV_SPLIT: hd64 16-bit, hd96, hd128), each half of D, 8 queries a step, adding
+# (FA_DKDV_SPLIT: hd96, hd128), each half of D, 8 queries a step, adding
 # their partial S^T and dP^T through threadgroup memory (one more barrier a
-# step): no column chunks at hd128, K and V in registers but float32's at
-# hd128; dQ in pairs at hd96 and hd128 (FA_DQ_SPLIT), Q and dO in
+# step): no column chunks at hd128; K and V in registers at every head size
+# up to 128 but float32's hd128; dQ in pairs at hd96 and hd128 (FA_DQ_SPLIT), Q and dO in
 # registers. Registers: the gate's table of the pairs' commit (docs/gpu-gate.md),
 # the highest over the constant sets.
 AFTER_REGISTERS = {
     ("fwd", 64): (116, 96, 98), ("fwd", 128): (122, 128, 128),
     ("dq", 64): (117, 117, 117), ("dq", 128): (128, 103, 104),
-    ("dkdv", 64): (117, 117, 115), ("dkdv", 128): (124, 128, 128),
+    ("dkdv", 64): (128, 128, 128), ("dkdv", 128): (124, 128, 128),
 }
 
 
@@ -288,10 +288,14 @@ def after(kind: str, HD: int, dtype: str) -> Kernel:
     elif kind == "dq" and 96 <= HD <= 128:
         # SIMD-group pairs (FA_DQ_SPLIT): Q, dO and dQ halves in registers
         k = dataclasses.replace(k, split=2, resident=True)
-    elif kind == "dkdv" and (96 <= HD <= 128 or (HD == 64 and not f32)):
+    elif kind == "dkdv" and 96 <= HD <= 128:
         # SIMD-group pairs, each half of D, 8 queries a step (FA_DKDV_SPLIT):
         # no column chunks; K and V in registers, but float32's at hd128
         k = dataclasses.replace(k, split=2, block=8, chunk=HD, resident=HD <= 96 or not f32)
+    elif kind == "dkdv" and HD == 64:
+        # one SIMD group per 8 keys, 16 queries a step, K and V in registers
+        # (FA_DKDV_ROWS_IN_REGISTERS)
+        k = dataclasses.replace(k, resident=True)
     return dataclasses.replace(k, frag16=not f32, copy16=True, s_partials=2,
                                p_half=not f32, pad=16 // elem_bytes(dtype),
                                registers=AFTER_REGISTERS[(kind, HD)][DTYPES.index(dtype)])

@@ -279,7 +279,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0
 // dk and dv for FA_DKDV_KEYS(HD) key rows of one kv head, columns [c0, c0 +
 // FA_DKDV_DCHUNK(HD)) of D (grid.y = Hkv * HD / FA_DKDV_DCHUNK(HD)), summed
 // over the query heads of the group and the query rows that see each key.
-// With FA_DKDV_SPLIT = 2 (hd96, hd128; 16-bit hd64) a pair of SIMD groups
+// With FA_DKDV_SPLIT = 2 (hd96, hd128) a pair of SIMD groups
 // holds 8 keys, each half every other 8-column block of K, V, dK and dV in
 // registers; the pair adds its partial S^T and dP^T (fa_pair_put).
 // Q blocks (scaled by `scale`, as the forward scales Q, so S^T holds the

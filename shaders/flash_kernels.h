@@ -67,12 +67,11 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // dQ); dK/dV: K and V (and dK, dV).
 #define FA_FWD_Q_IN_REGISTERS(HD, T) ((HD) <= (sizeof(T) == 4 ? 64 : 128))
 #define FA_DQ_ROWS_IN_REGISTERS(HD, T) ((HD) <= 64 || FA_DQ_SPLIT(HD, sizeof(T)) > 1)
-// dK/dV: hd32, and the pairs' halves (16-bit hd64, hd96, hd128) but
-// float32's at hd128 (K, V, dK and dV halves take 64 of the 128 registers
-// there, and the proxy spilled one more: K and V are reloaded, dK and dV
-// stay).
-#define FA_DKDV_ROWS_IN_REGISTERS(HD, T) \
-    ((HD) <= 32 || (FA_DKDV_SPLIT(HD, sizeof(T)) > 1 && ((HD) <= 96 || sizeof(T) == 2)))
+// dK/dV: every head size up to 128 but float32's hd128, whose pair
+// halves of K, V, dK and dV take 64 of the 128 registers, and with K and V
+// held the proxy spilled one more (the key index, kept for the stores): K
+// and V are reloaded there, dK and dV stay.
+#define FA_DKDV_ROWS_IN_REGISTERS(HD, T) ((HD) <= 96 || ((HD) <= 128 && sizeof(T) == 2))
 // The dK/dV kernel's key rows may be shared by a pair of SIMD groups, each
 // owning every other 8-column block of D (d8 % 2 == its half) of K, V, dK
 // and dV: half a head's fragments each, so K, V and the accumulators stay in
@@ -81,9 +80,11 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // and dP^T -- exactly the forward's partial sum of that parity
 // (FA_S_PARTIALS, FA_DP_PARTIALS) -- and the pair adds the two through
 // threadgroup memory, so nothing is recomputed per column chunk. A
-// threadgroup then owns FA_BLOCK_ROWS / SPLIT keys. BYTES: sizeof(T) (the
-// host passes the dtype's size).
-#define FA_DKDV_SPLIT(HD, BYTES) ((HD) >= 96 && (HD) <= 128 ? 2 : (HD) == 64 && (BYTES) == 2 ? 2 : 1)
+// threadgroup then owns FA_BLOCK_ROWS / SPLIT keys: hd96 and hd128 (hd64,
+// 16-bit included, fits one SIMD group since the dK/dV loop is one loop over
+// head and query block). BYTES: sizeof(T) (the host passes the dtype's
+// size; no split depends on it now).
+#define FA_DKDV_SPLIT(HD, BYTES) ((HD) >= 96 && (HD) <= 128 ? 2 : 1)
 #define FA_DKDV_KEYS(HD, BYTES) (FA_BLOCK_ROWS / FA_DKDV_SPLIT(HD, BYTES))
 // The dQ kernel's pairs, the same way: Q, dO and dQ halves in registers
 // where one SIMD group's whole head spilled (hd96, hd128); a threadgroup
