@@ -267,10 +267,11 @@ def before(kind: str, HD: int, dtype: str) -> Kernel:
 # (no second pass, no vote: no extra barrier); dK/dV in SIMD-group pairs
 # (FA_DKDV_SPLIT: hd96, hd128), each half of D, 8 queries a step, adding
 # their partial S^T and dP^T through threadgroup memory (one more barrier a
-# step): no column chunks at hd128; K and V in registers at every head size
-# up to 128 but float32's hd128; dQ in pairs at hd96 and hd128 (FA_DQ_SPLIT), Q and dO in
-# registers. Registers: the gate's table of the pairs' commit (docs/gpu-gate.md),
-# the highest over the constant sets.
+# step): no column chunks at hd128; dK/dV's K and V in registers at every
+# head size up to 128 but float32's hd128 (hd64 one SIMD group per 8 keys);
+# dQ in pairs at hd96 and hd128 (FA_DQ_SPLIT), Q and dO in registers.
+# Registers: the gate's table (docs/gpu-gate.md), the highest over the
+# constant sets.
 AFTER_REGISTERS = {
     ("fwd", 64): (116, 96, 98), ("fwd", 128): (122, 128, 128),
     ("dq", 64): (117, 117, 117), ("dq", 128): (128, 103, 104),
