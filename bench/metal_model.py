@@ -210,6 +210,15 @@ class Kernel:
         """Per step: stage, then release the tiles; a split pair's exchange."""
         return 2 + (self.split > 1)
 
+    def end_barriers(self) -> int:
+        """Per threadgroup, outside the steps (predicted_counts only): the
+        forward's vote on its exact pass (fa_leaked); the dK/dV pairs'
+        stores of dK and dV through the staged tiles, two each
+        (fa_pair_store_rows)."""
+        if self.kind == "fwd":
+            return 1
+        return 4 if self.kind == "dkdv" and self.split > 1 else 0
+
     def step_cycles(self, chip: Chip) -> float:
         alu = self.simdgroups * self.slots(chip) / 4
         if self.resident_threadgroups(chip) == 1:
@@ -267,15 +276,16 @@ def before(kind: str, HD: int, dtype: str) -> Kernel:
 # (no second pass, no vote: no extra barrier); dK/dV in SIMD-group pairs
 # (FA_DKDV_SPLIT: hd96, hd128), each half of D, 8 queries a step, adding
 # their partial S^T and dP^T through threadgroup memory (one more barrier a
-# step): no column chunks at hd128; dK/dV's K and V in registers at every
-# head size up to 128 but float32's hd128 (hd64 one SIMD group per 8 keys);
+# step, and dK and dV stored through the staged tiles at the end): no
+# column chunks at hd128; dK/dV's K and V in registers at every head size
+# up to 128 (hd64 one SIMD group per 8 keys);
 # dQ in pairs at hd96 and hd128 (FA_DQ_SPLIT), Q and dO in registers.
 # Registers: the gate's table (docs/gpu-gate.md), the highest over the
 # constant sets.
 AFTER_REGISTERS = {
     ("fwd", 64): (116, 96, 98), ("fwd", 128): (122, 128, 128),
     ("dq", 64): (117, 117, 117), ("dq", 128): (128, 103, 104),
-    ("dkdv", 64): (128, 128, 128), ("dkdv", 128): (124, 128, 128),
+    ("dkdv", 64): (128, 128, 128), ("dkdv", 128): (128, 116, 117),
 }
 
 
@@ -291,8 +301,8 @@ def after(kind: str, HD: int, dtype: str) -> Kernel:
         k = dataclasses.replace(k, split=2, resident=True)
     elif kind == "dkdv" and 96 <= HD <= 128:
         # SIMD-group pairs, each half of D, 8 queries a step (FA_DKDV_SPLIT):
-        # no column chunks; K and V in registers, but float32's at hd128
-        k = dataclasses.replace(k, split=2, block=8, chunk=HD, resident=HD <= 96 or not f32)
+        # no column chunks; K and V in registers
+        k = dataclasses.replace(k, split=2, block=8, chunk=HD, resident=True)
     elif kind == "dkdv" and HD == 64:
         # one SIMD group per 8 keys, 16 queries a step, K and V in registers
         # (FA_DKDV_ROWS_IN_REGISTERS)
@@ -315,7 +325,8 @@ def predicted_counts(k: Kernel, T: int) -> dict:
     then release the tiles), and after 9db780c one more per threadgroup (the
     SIMD groups' vote on the forward's exact pass, fa_leaked: the "before"
     kernels, 9063bbb, had none, and the backward's has none since its
-    per-tile select)."""
+    per-tile select); the dK/dV pairs' four at the end (dK and dV stored
+    through the staged tiles, fa_pair_store_rows)."""
     row_blocks = T // k.rows
     steps = T // k.block
     chunks = k.HD // k.chunk
@@ -323,7 +334,7 @@ def predicted_counts(k: Kernel, T: int) -> dict:
     transposed, direct = k.fragment_loads()
     return {"mma": launches * k.simdgroups * k.mma(),
             "matrix_loads": launches * k.simdgroups * (transposed + direct),
-            "barriers": launches * k.barriers() + (row_blocks * chunks if k.kind == "fwd" else 0)}
+            "barriers": launches * k.barriers() + row_blocks * chunks * k.end_barriers()}
 
 
 def simulated_counts(HD: int, dtype: str, T: int = 64) -> dict:

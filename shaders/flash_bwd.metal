@@ -107,6 +107,44 @@ FA_INLINE void fa_pair_add(threadgroup const float* xs, thread fa_frag (&a)[N8],
     }
 }
 
+// The dK/dV pairs' output rows (dK, then dV), stored through threadgroup
+// memory: each lane puts its elements (rounded to T as fa_store_row rounds)
+// at an index of its tid alone, as fa_pair_put does, the first half of its
+// 8-column blocks in `lo`, the rest in `hi` (the Q and dO tiles: HD * 8
+// elements each), and after a barrier the threads store the pairs' 16
+// rows: row r at out + r * stride, the first `rows` of them, D columns. So
+// no lane keeps its key's index or its fragment row live across the tile
+// loop for the stores: with K and V in registers, float32 hd128 spilled
+// such a value on the gate's proxy. (The even columns first, then the odd
+// ones: one column after the other, the proxy kept tid's low bit from the
+// loop for c % 2, and spilled it. A pair half holds N8 = HD / 16 blocks;
+// the kernel instantiates this for its SPLIT = 1 buckets too, and never
+// calls it there.)
+template <int HD, class T, int N8>
+FA_INLINE void fa_pair_store_rows(device T* out, fa_long stride, int rows, int D, threadgroup T* lo,
+                                  threadgroup T* hi, const thread fa_frag (&a)[N8], uint tid,
+                                  float scale) {
+    threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles' last readers are done
+    FA_UNROLL
+    for (int n8 = 0; n8 < N8; ++n8) {
+        FA_UNROLL
+        for (int e = 0; e < 2; ++e)
+            (n8 < N8 / 2 ? lo : hi)[((n8 % (N8 / 2)) * 2 + e) * FA_THREADS + tid] =
+                T(a[n8].thread_elements()[e] * scale);
+    }
+    threadgroup_barrier(mem_flags::mem_threadgroup);
+    FA_UNROLL
+    for (int e = 0; e < 2; ++e) {
+        for (int i = int(tid); i < 8 * HD; i += FA_THREADS) {
+            const int r = i / (HD / 2), c = i % (HD / 2) * 2 + e, n8 = c / 16;
+            // The lane of SIMD group (pair r / 8, half c / 8 % 2) holding it.
+            const int from = ((n8 % (N8 / 2)) * 2 + e) * FA_THREADS +
+                             (r / 8 * 2 + c / 8 % 2) * FA_SIMD_WIDTH + fa_lane_of(r % 8, c % 8);
+            if (r < rows && (fa_head_full || c < D)) out[r * stride + c] = (n8 < N8 / 2 ? lo : hi)[from];
+        }
+    }
+}
+
 // dq for FA_DQ_ROWS(HD) query rows (packed numbering, as the forward) and
 // FA_DQ_DCHUNK(HD) columns (grid.y = Hkv * HD / chunk); K and V staged
 // through threadgroup memory exactly as in the forward. With FA_DQ_SPLIT =
@@ -281,7 +319,8 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dq(device const T* q [[buffer(0
 // over the query heads of the group and the query rows that see each key.
 // With FA_DKDV_SPLIT = 2 (hd96, hd128) a pair of SIMD groups
 // holds 8 keys, each half every other 8-column block of K, V, dK and dV in
-// registers; the pair adds its partial S^T and dP^T (fa_pair_put).
+// registers; the pair adds its partial S^T and dP^T (fa_pair_put), and
+// stores dK and dV through the Q and dO tiles (fa_pair_store_rows).
 // Q blocks (scaled by `scale`, as the forward scales Q, so S^T holds the
 // forward's scores bit for bit) and dout blocks of FA_DKDV_STAGE(HD, T) rows are
 // staged with their lse and delta.
@@ -310,13 +349,16 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
     const int SPLIT = FA_DKDV_SPLIT(HD, sizeof(T));
     static_assert(SPLIT == 1 || (SPLIT == FA_S_PARTIALS && SPLIT == FA_DP_PARTIALS && DC == HD),
                   "a split half sums one partial of S^T and dP^T over the whole head");
+    static_assert(SPLIT == 1 || HD / 16 * FA_THREADS <= FA_DKDV_STAGE(HD, T) * FA_LD(HD, T),
+                  "the Q and dO tiles hold half the pairs' dK (dV) each (fa_pair_store_rows)");
     (void)sinks;  // a sink changes only lse, which the forward gave
     FA_TG_ARRAY(T, Qs, FA_DKDV_STAGE(HD, T) * FA_LD(HD, T));
     FA_TG_ARRAY(T, Gs, FA_DKDV_STAGE(HD, T) * FA_LD(HD, T));
     FA_TG_ARRAY(float, Ls, FA_DKDV_STAGE(HD, T));
     FA_TG_ARRAY(float, Ds, FA_DKDV_STAGE(HD, T));
-    // The pair's partial S^T and dP^T: BQ / 4 elements of each per lane.
-    FA_TG_ARRAY(float, Xs, FA_DKDV_SPLIT(HD, sizeof(T)) > 1 ? FA_DKDV_STAGE(HD, T) / 2 * FA_THREADS : 1);
+    // The pair's partial S^T and dP^T: BQ / 4 elements of each per lane;
+    // then a row of each lane's key, j - j_first.
+    FA_TG_ARRAY(float, Xs, FA_DKDV_SPLIT(HD, sizeof(T)) > 1 ? (FA_DKDV_STAGE(HD, T) / 2 + 1) * FA_THREADS : 1);
 
     const uint3 pos = fa_group_position(grid_pos, p);
     const int chunks = HD / DC;
@@ -363,6 +405,12 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
     // not hoisted out of an inner loop over i0 and kept live across it
     // (nested, the loops spilled the gate's proxy with K and V resident at
     // 16-bit hd128: a per-lane 64-bit mask offset, kept for the next head).
+    // The pairs read their lane's key back from threadgroup memory each
+    // step (the score options need it) instead of keeping it live across
+    // the loop: float32 hd128, K and V in registers, spilled it on the
+    // gate's proxy. Its address is one off the pair exchange's, which the
+    // loop holds anyway.
+    if (SPLIT > 1) Xs[BQ / 2 * FA_THREADS + tid] = float(j - j_first);
     const bool any_queries = group_begin < group_end;
     for (int g = 0, i0 = group_begin; any_queries && g < p.group;
          i0 = i0 + BQ < group_end ? i0 + BQ : group_begin, g += int(i0 == group_begin)) {
@@ -371,6 +419,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
         device const T* q_head = q + fa_row_offset(p.q.b, p.q.t, p.q.h, b, seq.q0, 0, h, fa_is_varlen());
         device const T* g_head = dout + fa_row_offset(p.dout.b, p.dout.t, p.dout.h, b, seq.q0, 0, h, fa_is_varlen());
         const int n = min(BQ, group_end - i0);
+        const int key = SPLIT > 1 ? j_first + int(Xs[BQ / 2 * FA_THREADS + tid]) : j;
         threadgroup_barrier(mem_flags::mem_threadgroup);
         fa_stage<HD, FA_DKDV_STAGE(HD, T), FA_THREADS>(Qs, q_head + fa_long(i0) * p.q.t, p.q.t, n,
                                                        p.D, tid);
@@ -389,7 +438,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
         if (SPLIT == 1 && !active) continue;
         // (hd32 has no registers to spare for the score options:
         // plan_backward sends calls with them to the hd64 kernel.)
-        const FaScoreMods mods = HD >= 64 ? fa_score_mods_of(sp, alibi, b, h, fa_long(j) * sp.mask_j)
+        const FaScoreMods mods = HD >= 64 ? fa_score_mods_of(sp, alibi, b, h, fa_long(key) * sp.mask_j)
                                           : FaScoreMods{0.0f, 0};
         if (HD >= 64 && fa_has_mask() && active &&
             fa_mask_hides_tile<BQ>(mods, mask, i0, col_begin, col_end, at.col, sp.mask_i)) {
@@ -439,7 +488,7 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
                             (i0 + ci >= col_begin && i0 + ci < col_end);
                 float s = St[i8].thread_elements()[e], dcap = 1.0f;
                 if (HD >= 64 && fa_score_mods != 0 && seen)
-                    s = fa_score_mod(seq, sp, mods, mask, i0 + ci, j,
+                    s = fa_score_mod(seq, sp, mods, mask, i0 + ci, key,
                                      fa_long(i0 + ci) * sp.mask_i, s, dcap);
                 seen = seen && !(HD >= 64 && fa_has_mask() && s == -INFINITY);  // hidden
                 // (P = 0 there even for a query whose lse is NaN.)
@@ -473,6 +522,16 @@ FA_MAX_THREADS(FA_THREADS) kernel void flash_bwd_dkdv(device const T* q [[buffer
         }
     }
 
+    if (SPLIT > 1) {  // (the halves of a pair hold each row's columns every other 8)
+        const int rows = min(FA_DKDV_KEYS(HD, sizeof(T)), Tk - j_first);
+        fa_pair_store_rows<HD>(
+            dk + fa_row_offset(p.dk.b, p.dk.t, p.dk.h, b, seq.k0, j_first, hkv, fa_is_varlen()), p.dk.t,
+            rows, p.D, Qs, Gs, dK, tid, p.scale);
+        fa_pair_store_rows<HD>(
+            dv + fa_row_offset(p.dv.b, p.dv.t, p.dv.h, b, seq.k0, j_first, hkv, fa_is_varlen()), p.dv.t,
+            rows, p.D, Qs, Gs, dV, tid, 1.0f);
+        return;
+    }
     if (!key_valid || cs + at.col >= p.D) return;
     fa_store_row<SPLIT>(dk + fa_row_offset(p.dk.b, p.dk.t, p.dk.h, b, seq.k0, j, hkv, fa_is_varlen()), dK, cs,
                         at.col, p.D, p.scale);

@@ -67,16 +67,15 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // dQ); dK/dV: K and V (and dK, dV).
 #define FA_FWD_Q_IN_REGISTERS(HD, T) ((HD) <= (sizeof(T) == 4 ? 64 : 128))
 #define FA_DQ_ROWS_IN_REGISTERS(HD, T) ((HD) <= 64 || FA_DQ_SPLIT(HD, sizeof(T)) > 1)
-// dK/dV: every head size up to 128 but float32's hd128, whose pair
-// halves of K, V, dK and dV take 64 of the 128 registers, and with K and V
-// held the proxy spilled one more (the key index, kept for the stores): K
-// and V are reloaded there, dK and dV stay.
-#define FA_DKDV_ROWS_IN_REGISTERS(HD, T) ((HD) <= 96 || ((HD) <= 128 && sizeof(T) == 2))
+// dK/dV: every head size up to 128 (float32's hd128 pair halves of K, V,
+// dK and dV take 64 of the 128 registers: the pairs keep no key index live
+// across the tile loop for it, flash_bwd_dkdv).
+#define FA_DKDV_ROWS_IN_REGISTERS(HD, T) ((HD) <= 128)
 // The dK/dV kernel's key rows may be shared by a pair of SIMD groups, each
 // owning every other 8-column block of D (d8 % 2 == its half) of K, V, dK
 // and dV: half a head's fragments each, so K, V and the accumulators stay in
-// registers (K and V but float32's at hd128), where one SIMD group's
-// whole head would not fit the gate's 128 (docs/metal.md). Each half sums its blocks' share of S^T
+// registers, where one SIMD group's whole head would not fit the gate's
+// 128 (docs/metal.md). Each half sums its blocks' share of S^T
 // and dP^T -- exactly the forward's partial sum of that parity
 // (FA_S_PARTIALS, FA_DP_PARTIALS) -- and the pair adds the two through
 // threadgroup memory, so nothing is recomputed per column chunk. A
