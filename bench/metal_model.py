@@ -271,7 +271,7 @@ def before(kind: str, HD: int, dtype: str) -> Kernel:
 # 16-bit type, S (and dP) summed over D in two partial sums, rows padded by
 # 16 bytes; block sizes and which rows stay in registers by dtype and head
 # size as the GPU resource gate lets them (shaders/flash_kernels.h: dQ
-# stages 16 keys at float32 hd64; the float32 forward reloads Q from hd96);
+# stages 16 keys at float32 hd64; the float32 forward reloads Q at hd128);
 # the backward's non-finite check is a per-tile select on the raw scores
 # (no second pass, no vote: no extra barrier); dK/dV in SIMD-group pairs
 # (FA_DKDV_SPLIT: hd96, hd128), each half of D, 8 queries a step, adding

@@ -64,8 +64,9 @@ FA_INLINE fa_int fa_head_bucket(fa_int D) {
 // kernel (else it reloads them per step from device memory, through the
 // cache): the fragments cost HD/4 registers per thread per operand, and
 // Apple GPUs have at most 128. Forward: Q (and O always); dQ: Q and dO (and
-// dQ); dK/dV: K and V (and dK, dV).
-#define FA_FWD_Q_IN_REGISTERS(HD, T) ((HD) <= (sizeof(T) == 4 ? 64 : 128))
+// dQ); dK/dV: K and V (and dK, dV). The float32 forward at hd128 reloads Q
+// (held, the gate's proxy spilled 8-148 B per lane with the score options).
+#define FA_FWD_Q_IN_REGISTERS(HD, T) ((HD) <= (sizeof(T) == 4 ? 96 : 128))
 #define FA_DQ_ROWS_IN_REGISTERS(HD, T) ((HD) <= 64 || FA_DQ_SPLIT(HD, sizeof(T)) > 1)
 // dK/dV: every head size up to 128 (float32's hd128 pair halves of K, V,
 // dK and dV take 64 of the 128 registers: the pairs keep no key index live
