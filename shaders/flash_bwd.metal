@@ -125,12 +125,16 @@ FA_INLINE void fa_pair_store_rows(device T* out, fa_long stride, int rows, int D
                                   threadgroup T* hi, const thread fa_frag (&a)[N8], uint tid,
                                   float scale) {
     threadgroup_barrier(mem_flags::mem_threadgroup);  // the tiles' last readers are done
+    // (Each array by its own loop and load, not through a pointer chosen
+    // between them: GCC 12's -O1 sanitizer build of metal-sim dropped the
+    // stores made so.)
     FA_UNROLL
-    for (int n8 = 0; n8 < N8; ++n8) {
+    for (int n8 = 0; n8 < N8 / 2; ++n8) {
         FA_UNROLL
-        for (int e = 0; e < 2; ++e)
-            (n8 < N8 / 2 ? lo : hi)[((n8 % (N8 / 2)) * 2 + e) * FA_THREADS + tid] =
-                T(a[n8].thread_elements()[e] * scale);
+        for (int e = 0; e < 2; ++e) {
+            lo[(n8 * 2 + e) * FA_THREADS + tid] = T(a[n8].thread_elements()[e] * scale);
+            hi[(n8 * 2 + e) * FA_THREADS + tid] = T(a[N8 / 2 + n8].thread_elements()[e] * scale);
+        }
     }
     threadgroup_barrier(mem_flags::mem_threadgroup);
     FA_UNROLL
@@ -140,7 +144,7 @@ FA_INLINE void fa_pair_store_rows(device T* out, fa_long stride, int rows, int D
             // The lane of SIMD group (pair r / 8, half c / 8 % 2) holding it.
             const int from = ((n8 % (N8 / 2)) * 2 + e) * FA_THREADS +
                              (r / 8 * 2 + c / 8 % 2) * FA_SIMD_WIDTH + fa_lane_of(r % 8, c % 8);
-            if (r < rows && (fa_head_full || c < D)) out[r * stride + c] = (n8 < N8 / 2 ? lo : hi)[from];
+            if (r < rows && (fa_head_full || c < D)) out[r * stride + c] = n8 < N8 / 2 ? lo[from] : hi[from];
         }
     }
 }
